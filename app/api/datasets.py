@@ -1,0 +1,29 @@
+"""Catalog endpoints: the dataset list, one dataset's description, its episodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from app.api.deps import get_catalog, get_dataset
+from app.catalog import Catalog
+from app.dataset import Dataset
+from app.describe import describe_dataset, list_episodes, summarize_dataset
+
+router = APIRouter(tags=["datasets"])
+
+
+@router.get("/datasets", summary="The catalog: ids, formats, row and episode counts")
+def list_datasets(catalog: Catalog = Depends(get_catalog)) -> dict[str, Any]:
+    return {"datasets": [summarize_dataset(catalog.get(i)) for i in catalog.ids()]}
+
+
+@router.get("/datasets/{dataset_id:path}/episodes", summary="Per-episode length and tasks")
+def dataset_episodes(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any]:
+    return {"dataset": dataset.id, "episodes": list_episodes(dataset)}
+
+
+@router.get("/datasets/{dataset_id:path}", summary="Schema, features, fps, episodes, rows and cache state")
+def dataset_info(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any]:
+    return describe_dataset(dataset)

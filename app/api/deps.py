@@ -1,0 +1,54 @@
+"""FastAPI dependencies: settings, the catalog, and validated request pieces shared by routers."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from app.api.problems import ProblemException
+from app.catalog import Catalog
+from app.dataset import Dataset
+from app.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_catalog(request: Request) -> Catalog:
+    catalog = getattr(request.app.state, "catalog", None)
+    if catalog is None:
+        raise ProblemException(503, "the catalog is still loading; retry shortly")
+    return catalog
+
+
+def get_dataset(dataset_id: str, request: Request) -> Dataset:
+    return get_catalog(request).get(dataset_id)
+
+
+async def read_json_body(request: Request, model: type[BaseModel], max_bytes: int) -> BaseModel:
+    """Parse and validate a JSON body, refusing wrong content types, oversize and malformed bodies."""
+    content_type = request.headers.get("content-type", "")
+    media = content_type.split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ProblemException(415, f"the body must be application/json, got {content_type or 'no content type'!r}")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise ProblemException(413, f"the body is {declared} bytes; the limit is {max_bytes} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise ProblemException(413, f"the body is larger than the limit of {max_bytes} bytes")
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProblemException(400, f"the body is not valid JSON: {exc}") from exc
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ProblemException(422, f"invalid body: {detail}") from exc

@@ -1,0 +1,93 @@
+"""Errors as RFC 9457 problem details (`type`, `title`, `status`, `detail`) for every failure."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.errors import DatasetError, EpiserveError, InvalidRequest, NotFound, TooLarge, Unavailable
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class OrjsonResponse(JSONResponse):
+    """JSON rendered by orjson (numpy scalars and arrays included)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+log = logging.getLogger("episerve")
+
+_STATUS: dict[type[EpiserveError], int] = {
+    InvalidRequest: 422,
+    NotFound: 404,
+    TooLarge: 413,
+    Unavailable: 503,
+    DatasetError: 503,
+}
+
+
+class ProblemException(Exception):
+    """Raised by routers for HTTP-only problems (bad content type, unparsable body...)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def problem(status: int, detail: str, title: str | None = None, **extra: Any) -> OrjsonResponse:
+    """A problem-details JSON response."""
+    phrase = HTTPStatus(status).phrase
+    body = {
+        "type": f"https://episerve.dev/problems/{phrase.lower().replace(' ', '-')}",
+        "title": title or phrase,
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return OrjsonResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Map domain errors, validation errors and unexpected exceptions to problem responses."""
+
+    @app.exception_handler(EpiserveError)
+    async def domain_error(request: Request, exc: EpiserveError) -> OrjsonResponse:
+        status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 400)
+        if isinstance(exc, DatasetError):
+            log.error("dataset error on %s: %s", request.url.path, exc.detail)
+        return problem(status, exc.detail, exc.title)
+
+    @app.exception_handler(ProblemException)
+    async def http_problem(request: Request, exc: ProblemException) -> OrjsonResponse:
+        return problem(exc.status, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> OrjsonResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
+        return problem(422, detail or "invalid request", "Invalid request", errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.method} {request.url.path}"
+        return problem(exc.status_code, detail)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> OrjsonResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem(500, "internal server error (this is a bug; the server log has the details)")

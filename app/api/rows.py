@@ -1,0 +1,126 @@
+"""Row endpoints: a contiguous slice of a view (`GET /rows`) and rows by view index (`POST /rows/take`).
+
+Both answer with an Arrow IPC stream whose exact length is sent as Content-Length; the batches stream from the
+memory-mapped segments, one serialised batch at a time, off the event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated
+
+import pyarrow as pa
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import get_dataset, get_settings, read_json_body
+from app.api.problems import ProblemException
+from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, encode_stream, stream_size, table_batches
+from app.dataset import Dataset
+from app.episode_spec import EpisodeRanges, format_ranges, parse_episode_spec, ranges_from_ids
+from app.settings import Settings
+
+router = APIRouter(tags=["rows"])
+
+_MAX_ROW = 2**62
+_ARROW_RESPONSE = {
+    200: {"content": {ARROW_STREAM_MEDIA_TYPE: {}}, "description": "Arrow IPC stream of the rows"},
+    304: {"description": "Not modified (ETag matched)"},
+}
+
+
+class TakeRequest(BaseModel):
+    """Rows by position in the view of `episodes` (all episodes when absent)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    indices: list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] = Field(
+        description="View row positions; order is kept and duplicates are allowed."
+    )
+    episodes: str | list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] | None = Field(
+        None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
+    )
+    columns: list[str] | None = Field(None, description="Columns to return, in this order; absent means all.")
+
+
+def _episodes(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return parse_episode_spec(spec, settings.max_episode_spec_chars)
+    if len(spec) > settings.max_take_indices:
+        raise ProblemException(413, f"{len(spec)} episode ids; the limit is {settings.max_take_indices}")
+    return ranges_from_ids(spec)
+
+
+def _columns(spec: str | None) -> list[str] | None:
+    return None if spec is None else [c.strip() for c in spec.split(",")]
+
+
+def _arrow_response(schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str]) -> Response:
+    headers = {**headers, "Content-Length": str(stream_size(schema, batches))}
+    return StreamingResponse(encode_stream(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+
+
+@router.get(
+    "/datasets/{dataset_id:path}/rows",
+    summary="A contiguous slice of the view, as an Arrow IPC stream",
+    response_class=Response,
+    responses=_ARROW_RESPONSE,
+)
+def read_rows(
+    request: Request,
+    dataset: Dataset = Depends(get_dataset),
+    settings: Settings = Depends(get_settings),
+    episodes: str | None = Query(None, description="Episode spec, e.g. '0,3-5,9'; absent means every episode."),
+    start: int = Query(0, ge=0, le=_MAX_ROW, description="First view row (inclusive)."),
+    stop: int | None = Query(None, ge=0, le=_MAX_ROW, description="End view row (exclusive); clamped to the view."),
+    columns: str | None = Query(None, description="Comma-separated columns, in the order wanted."),
+) -> Response:
+    if stop is not None and start > stop:
+        raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
+    ranges = _episodes(episodes, settings)
+    selected = dataset.read_slice(ranges, start, stop, _columns(columns), settings.max_rows_per_response)
+    query = f"{format_ranges(ranges) if ranges else '*'}|{selected.start}|{selected.stop}|{columns or '*'}"
+    etag = f'"{selected.digest}-{hashlib.sha256(query.encode()).hexdigest()[:16]}"'
+    headers = {
+        "ETag": etag,
+        "X-Total-Rows": str(selected.total_rows),
+        "X-Start": str(selected.start),
+        "X-Stop": str(selected.stop),
+        "Cache-Control": "no-cache",
+    }
+    if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers=headers)
+    return _arrow_response(selected.schema, selected.batches, headers)
+
+
+@router.post(
+    "/datasets/{dataset_id:path}/rows/take",
+    summary="Rows by view index (order kept, duplicates allowed), as an Arrow IPC stream",
+    response_class=Response,
+    responses=_ARROW_RESPONSE,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": TakeRequest.model_json_schema()}},
+        }
+    },
+)
+async def take_rows(
+    request: Request,
+    dataset: Dataset = Depends(get_dataset),
+    settings: Settings = Depends(get_settings),
+) -> Response:
+    body = await read_json_body(request, TakeRequest, settings.max_body_bytes)
+    assert isinstance(body, TakeRequest)
+    if len(body.indices) > settings.max_take_indices:
+        raise ProblemException(
+            413, f"{len(body.indices)} indices asked; the limit is {settings.max_take_indices} per request"
+        )
+    ranges = _episodes(body.episodes, settings)
+    taken = await run_in_threadpool(dataset.take, ranges, body.indices, body.columns)
+    headers = {"X-Total-Rows": str(taken.total_rows)}
+    return _arrow_response(taken.table.schema, table_batches(taken.table), headers)

@@ -1,0 +1,32 @@
+"""Arrow IPC stream encoding without materialising tables: schema message, one message per batch, end marker.
+
+The exact body size is known before the first byte is sent (`Content-Length`), which lets clients read
+straight into a buffer of the right size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+
+ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
+    """Exact byte length of `encode_stream(schema, batches)`."""
+    return schema.serialize().size + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
+
+
+def encode_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> Iterator[memoryview]:
+    """The IPC stream of `batches`, one chunk per batch, each serialised only when the consumer asks for it."""
+    yield memoryview(schema.serialize())
+    for batch in batches:
+        yield memoryview(batch.serialize())
+    yield memoryview(END_OF_STREAM)
+
+
+def table_batches(table: pa.Table) -> list[pa.RecordBatch]:
+    """A table's record batches (empty tables yield none)."""
+    return [b for b in table.to_batches() if b.num_rows]

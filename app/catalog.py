@@ -1,0 +1,126 @@
+"""The catalog: which datasets the configured roots offer, by id.
+
+A dataset id is its directory's path relative to a root, with at most one `/` (`pusht` or `lerobot/pusht`).
+Ids are validated before they touch the filesystem, and a dataset directory that resolves outside its root
+(a symlink escape) is never offered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from pathlib import Path
+
+from app.dataset import Dataset
+from app.errors import InvalidRequest, NotFound
+from app.layouts import is_dataset_dir
+from app.segments import SegmentLRU
+from app.settings import Settings
+
+_ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_RESCAN_INTERVAL_S = 5.0
+
+
+class ConfigurationError(Exception):
+    """The server cannot start with this configuration (e.g. two roots offer the same id)."""
+
+
+def validate_dataset_id(dataset_id: str) -> None:
+    """Reject ids that could name anything but a directory below a root."""
+    if not dataset_id:
+        raise InvalidRequest("dataset id is empty")
+    if "\\" in dataset_id:
+        raise InvalidRequest(f"dataset id {dataset_id!r} must not contain backslashes")
+    if dataset_id.startswith("/"):
+        raise InvalidRequest(f"dataset id {dataset_id!r} must be relative, not an absolute path")
+    parts = dataset_id.split("/")
+    if ".." in parts or "." in parts:
+        raise InvalidRequest(f"dataset id {dataset_id!r} must not contain '.' or '..' segments")
+    if len(parts) > 2:
+        raise InvalidRequest(f"dataset id {dataset_id!r} has more than one '/' (expected 'name' or 'org/name')")
+    for part in parts:
+        if not _ID_PART.match(part):
+            raise InvalidRequest(f"dataset id {dataset_id!r} is invalid: each part must match {_ID_PART.pattern}")
+
+
+class Catalog:
+    """Datasets offered by the configured roots, opened lazily and shared by every request of a process."""
+
+    def __init__(self, settings: Settings, roots: list[Path]) -> None:
+        self.settings = settings
+        self.roots = roots
+        self.lru = SegmentLRU(settings.max_open_segments)
+        self._lock = threading.Lock()
+        self._paths: dict[str, Path] = {}
+        self._datasets: dict[str, Dataset] = {}
+        self._scanned_at = 0.0
+        self.scan()
+
+    def scan(self) -> dict[str, Path]:
+        """Find every dataset below the roots; two roots offering the same id is a configuration error."""
+        found: dict[str, Path] = {}
+        for root in self.roots:
+            if not root.is_dir():
+                raise ConfigurationError(f"dataset root {root} is not a directory")
+            for dataset_id, path in _datasets_below(root):
+                if dataset_id in found:
+                    raise ConfigurationError(
+                        f"dataset id {dataset_id!r} is offered by two roots: {found[dataset_id]} and {path}"
+                    )
+                found[dataset_id] = path
+        with self._lock:
+            self._paths = found
+            self._scanned_at = time.monotonic()
+        return found
+
+    def ids(self) -> list[str]:
+        return sorted(self._paths)
+
+    def get(self, dataset_id: str) -> Dataset:
+        """The dataset with this id; NotFound if no root offers it."""
+        validate_dataset_id(dataset_id)
+        if dataset_id not in self._paths and time.monotonic() - self._scanned_at > _RESCAN_INTERVAL_S:
+            with contextlib.suppress(ConfigurationError):  # keep serving what was valid until the next start
+                self.scan()
+        path = self._paths.get(dataset_id)
+        if path is None:
+            raise NotFound(f"no dataset {dataset_id!r}; see GET /datasets for the catalog")
+        with self._lock:
+            dataset = self._datasets.get(dataset_id)
+            if dataset is None or dataset.path != path:
+                cache_dir = self.settings.cache_dir / "datasets" / Dataset.cache_key(dataset_id, path)
+                dataset = Dataset(
+                    dataset_id,
+                    path,
+                    cache_dir,
+                    self.settings.episode_column,
+                    self.lru,
+                    self.settings.build_batch_bytes,
+                )
+                self._datasets[dataset_id] = dataset
+            return dataset
+
+
+def _datasets_below(root: Path) -> list[tuple[str, Path]]:
+    """(id, resolved path) of datasets at depth one (`name`) or two (`org/name`) below `root`."""
+    real_root = root.resolve()
+    found = []
+    for child in sorted(_subdirs(root)):
+        if is_dataset_dir(child):
+            candidates = [(child.name, child)]
+        else:
+            candidates = [(f"{child.name}/{g.name}", g) for g in sorted(_subdirs(child)) if is_dataset_dir(g)]
+        for dataset_id, path in candidates:
+            resolved = path.resolve()
+            if resolved.is_relative_to(real_root) and all(_ID_PART.match(p) for p in dataset_id.split("/")):
+                found.append((dataset_id, resolved))
+    return found
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []

@@ -1,0 +1,222 @@
+"""A served dataset: its layout, episode index and segment store, and the row reads the API exposes.
+
+Every read works on one snapshot of the episode index. Source files a read touches are checked against the
+snapshot's fingerprints first; when one changed, the index is reloaded and the read starts over, so a stale
+row is never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from app.episode_index import EpisodeIndex, load_or_build_index
+from app.episode_spec import EpisodeRanges, resolve_episodes
+from app.errors import InvalidRequest, TooLarge, Unavailable
+from app.layouts import Layout, read_layout
+from app.segments import SegmentLRU, SegmentStore, SourceChanged
+from app.views import EpisodeView
+
+_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RowSlice:
+    """A contiguous slice of a view: zero-copy batches over the memory-mapped segments."""
+
+    schema: pa.Schema
+    batches: list[pa.RecordBatch]
+    total_rows: int
+    start: int
+    stop: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class RowTake:
+    """Rows picked by view index, in the order asked."""
+
+    table: pa.Table
+    total_rows: int
+    digest: str
+
+
+class Dataset:
+    """One dataset directory under a root, with its cache directory."""
+
+    def __init__(
+        self,
+        dataset_id: str,
+        path: Path,
+        cache_dir: Path,
+        episode_column: str,
+        lru: SegmentLRU,
+        batch_bytes: int,
+    ) -> None:
+        self.id = dataset_id
+        self.path = path
+        self.cache_dir = cache_dir
+        self.episode_column = episode_column
+        self.segments = SegmentStore(cache_dir / "segments", path, lru, batch_bytes)
+        self._lock = threading.Lock()
+        self._layout: Layout | None = None
+        self._index: EpisodeIndex | None = None
+
+    @staticmethod
+    def cache_key(dataset_id: str, path: Path) -> str:
+        """Directory name of the dataset's cache: readable, and distinct for distinct source directories."""
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+        return f"{dataset_id.replace('/', '__')}-{digest}"
+
+    def layout(self) -> Layout:
+        self.index()
+        assert self._layout is not None
+        return self._layout
+
+    def index(self) -> EpisodeIndex:
+        """The current episode index snapshot, opened on first use."""
+        with self._lock:
+            if self._index is None:
+                self._layout = read_layout(self.path)
+                self._index = load_or_build_index(
+                    self.path, self._layout, self.episode_column, self.cache_dir / "index.json"
+                )
+            return self._index
+
+    def reload(self, seen: EpisodeIndex | None = None) -> EpisodeIndex:
+        """Re-read the layout and fingerprints (unless another thread already replaced `seen`)."""
+        with self._lock:
+            if seen is None or self._index is seen:
+                self._index = None
+        return self.index()
+
+    def resolve(self, index: EpisodeIndex, episodes: EpisodeRanges | None) -> EpisodeView:
+        """The view of the selected episodes (all when None)."""
+        if episodes is None:
+            return EpisodeView.of(index)
+        if not index.has_episode_column:
+            raise InvalidRequest(
+                f"dataset {self.id!r} has no episode column {self.episode_column!r}: it is one episode; omit `episodes`"
+            )
+        return EpisodeView.of(index, resolve_episodes(episodes, index.episodes))
+
+    def read_slice(
+        self,
+        episodes: EpisodeRanges | None,
+        start: int,
+        stop: int | None,
+        columns: list[str] | None,
+        max_rows: int,
+    ) -> RowSlice:
+        """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches."""
+
+        def attempt(index: EpisodeIndex) -> RowSlice:
+            view = self.resolve(index, episodes)
+            names = check_columns(index.schema, columns)
+            total = len(view)
+            lo = min(start, total)
+            hi = total if stop is None else min(stop, total)
+            if hi - lo > max_rows:
+                raise TooLarge(
+                    f"the slice holds {hi - lo} rows; the limit is {max_rows} rows per response (page with start/stop)"
+                )
+            spans = list(view.spans(lo, hi))
+            self._ensure_fresh(index, {file for file, _, _ in spans})
+            batches = [
+                piece
+                for file, first, end in spans
+                for piece in self.segments.open(index.files[file], index.schema).slice(first, end, names)
+            ]
+            return RowSlice(project(index.schema, names), batches, total, lo, hi, index.digest)
+
+        return self._with_fresh_index(attempt)
+
+    def take(self, episodes: EpisodeRanges | None, rows: list[int], columns: list[str] | None) -> RowTake:
+        """Rows at view positions `rows`, in that order (duplicates allowed)."""
+
+        def attempt(index: EpisodeIndex) -> RowTake:
+            view = self.resolve(index, episodes)
+            names = check_columns(index.schema, columns)
+            wanted = np.asarray(rows, dtype=np.int64)
+            total = len(view)
+            bad = wanted[(wanted < 0) | (wanted >= total)]
+            if len(bad):
+                shown = ", ".join(map(str, bad[:10].tolist()))
+                raise InvalidRequest(f"indices out of range [0, {total}): {shown}")
+            files, stored = view.locate(wanted)
+            self._ensure_fresh(index, set(np.unique(files).tolist()))
+            order = np.lexsort((stored, files))
+            pieces: list[pa.RecordBatch] = []
+            sorted_files = files[order]
+            bounds = np.flatnonzero(np.diff(sorted_files)) + 1
+            for group in np.split(order, bounds) if len(order) else []:
+                segment = self.segments.open(index.files[int(files[group[0]])], index.schema)
+                pieces.extend(segment.take(stored[group], names))
+            schema = project(index.schema, names)
+            gathered = pa.Table.from_batches(pieces, schema=schema)
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            table = gathered.take(pa.array(inverse)) if len(order) else gathered
+            return RowTake(table, total, index.digest)
+
+        return self._with_fresh_index(attempt)
+
+    def _with_fresh_index(self, attempt: Callable[[EpisodeIndex], T]) -> T:
+        index = self.index()
+        for _ in range(_ATTEMPTS):
+            try:
+                return attempt(index)
+            except SourceChanged:
+                index = self.reload(index)
+        raise Unavailable(f"source files of dataset {self.id!r} keep changing; retry later")
+
+    def _ensure_fresh(self, index: EpisodeIndex, files: set[int]) -> None:
+        for number in files:
+            source = index.files[number]
+            try:
+                unchanged = source.same_file((self.path / source.path).stat())
+            except OSError:
+                unchanged = False
+            if not unchanged:
+                raise SourceChanged(source.path)
+
+    def cache_status(self) -> dict[str, Any]:
+        """Segments built / total and their bytes on disk."""
+        index = self.index()
+        built = [fp for fp in index.files if self.segments.is_built(fp, index.schema)]
+        size = sum(
+            self.segments.paths(fp.path).arrow.stat().st_size
+            for fp in built
+            if self.segments.paths(fp.path).arrow.exists()
+        )
+        return {"segments_built": len(built), "segments_total": len(index.files), "bytes": size}
+
+
+def check_columns(schema: pa.Schema, columns: list[str] | None) -> list[str] | None:
+    """Validate a column selection: known names, no duplicates, not empty."""
+    if columns is None:
+        return None
+    if not columns:
+        raise InvalidRequest("columns selection is empty; omit it to get every column")
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        raise InvalidRequest(f"unknown columns: {', '.join(map(repr, unknown))}; available: {schema.names}")
+    duplicated = sorted({c for c in columns if columns.count(c) > 1})
+    if duplicated:
+        raise InvalidRequest(f"columns listed more than once: {', '.join(map(repr, duplicated))}")
+    return columns
+
+
+def project(schema: pa.Schema, columns: list[str] | None) -> pa.Schema:
+    """`schema` restricted to `columns` (in that order), keeping its metadata."""
+    if columns is None:
+        return schema
+    return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)

@@ -1,0 +1,107 @@
+"""Parse episode selections (`"0,3-5,9"` or a list of ints) and resolve them against a dataset's episodes.
+
+Selections are kept as merged inclusive ranges, so `0-1000000000` costs nothing until it is intersected with
+the episodes that exist.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from app.errors import InvalidRequest, NotFound, TooLarge
+
+EpisodeRanges = list[tuple[int, int]]
+
+_TERM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_MAX_NAMED_MISSING = 20
+
+
+def parse_episode_spec(spec: str, max_chars: int) -> EpisodeRanges:
+    """Parse comma-separated non-negative integers and inclusive ranges `a-b` into merged ranges."""
+    if len(spec) > max_chars:
+        raise TooLarge(
+            f"episodes spec is {len(spec)} characters long; the limit is {max_chars} (send long lists in a POST body)"
+        )
+    if not spec.strip():
+        raise InvalidRequest("episodes spec is empty; omit it to select every episode")
+    ranges: EpisodeRanges = []
+    for term in spec.split(","):
+        match = _TERM.match(term)
+        if match is None:
+            raise InvalidRequest(
+                f"invalid term {term.strip()!r} in episodes spec: expected a non-negative integer "
+                "or an inclusive range like '3-7'"
+            )
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first:
+            raise InvalidRequest(f"invalid range {term.strip()!r} in episodes spec: end is before start")
+        ranges.append((first, last))
+    return merge_ranges(ranges)
+
+
+def ranges_from_ids(ids: Iterable[int]) -> EpisodeRanges:
+    """Turn episode ids (any order, duplicates allowed, all >= 0) into merged ranges."""
+    values = sorted(set(ids))
+    if values and values[0] < 0:
+        raise InvalidRequest(f"episode ids must be non-negative, got {values[0]}")
+    return merge_ranges([(v, v) for v in values])
+
+
+def merge_ranges(ranges: Sequence[tuple[int, int]]) -> EpisodeRanges:
+    """Sort and merge overlapping or adjacent inclusive ranges."""
+    merged: EpisodeRanges = []
+    for first, last in sorted(ranges):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def format_ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    """The inverse of `parse_episode_spec`: `[(0, 0), (3, 5)]` -> `"0,3-5"`."""
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def resolve_episodes(ranges: EpisodeRanges, known: np.ndarray) -> np.ndarray:
+    """The selected episode ids, ascending. `known` is the sorted array of existing ids.
+
+    Raises NotFound naming the missing ids (as ranges) when any selected id does not exist.
+    """
+    missing: EpisodeRanges = []
+    chunks: list[np.ndarray] = []
+    for first, last in ranges:
+        lo = int(np.searchsorted(known, first, side="left"))
+        hi = int(np.searchsorted(known, last, side="right"))
+        present = known[lo:hi]
+        chunks.append(present)
+        if len(present) != last - first + 1:
+            missing.extend(_gaps(first, last, present))
+            if len(missing) > _MAX_NAMED_MISSING:
+                break
+    if missing:
+        named = format_ranges(missing[:_MAX_NAMED_MISSING])
+        more = " and more" if len(missing) > _MAX_NAMED_MISSING else ""
+        raise NotFound(f"episodes not in this dataset: {named}{more}")
+    if not chunks:
+        return np.empty(0, dtype=np.int64)
+    return np.concatenate(chunks).astype(np.int64, copy=False)
+
+
+def _gaps(first: int, last: int, present: np.ndarray) -> EpisodeRanges:
+    """Inclusive ranges of [first, last] not covered by the sorted ids `present`."""
+    gaps: EpisodeRanges = []
+    cursor = first
+    for value in present.tolist():
+        if value > cursor:
+            gaps.append((cursor, value - 1))
+            if len(gaps) > _MAX_NAMED_MISSING:
+                return gaps
+        cursor = value + 1
+    if cursor <= last:
+        gaps.append((cursor, last))
+    return gaps

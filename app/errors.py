@@ -1,0 +1,43 @@
+"""Domain errors. Each names what was wrong; the API layer maps each kind to an HTTP status."""
+
+from __future__ import annotations
+
+
+class EpiserveError(Exception):
+    """Base of every error the server reports to a client."""
+
+    title = "Bad request"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidRequest(EpiserveError):
+    """The request is well-formed but asks for something impossible (bad spec, unknown column...)."""
+
+    title = "Invalid request"
+
+
+class NotFound(EpiserveError):
+    """A dataset or episode that does not exist."""
+
+    title = "Not found"
+
+
+class TooLarge(EpiserveError):
+    """The request exceeds a configured limit."""
+
+    title = "Request too large"
+
+
+class Unavailable(EpiserveError):
+    """A transient condition (e.g. a source file changed mid-build); retrying may succeed."""
+
+    title = "Service unavailable"
+
+
+class DatasetError(EpiserveError):
+    """A dataset on disk is unreadable or inconsistent (an operator problem, not the client's)."""
+
+    title = "Dataset unavailable"

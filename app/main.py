@@ -1,0 +1,62 @@
+"""The FastAPI application: `create_app(settings)` wires settings, catalog, error handlers and routers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from app import __version__
+from app.api import datasets, health, rows
+from app.api.problems import OrjsonResponse, install_problem_handlers
+from app.catalog import Catalog
+from app.demo import ensure_demo_dataset
+from app.settings import Settings
+
+log = logging.getLogger("episerve")
+
+DEMO_DATASET_ID = "demo"
+
+
+def resolve_roots(settings: Settings) -> list[Path]:
+    """The configured roots, or the built-in demo dataset's root (generated on first use)."""
+    if settings.roots:
+        return settings.roots
+    demo_root = settings.cache_dir / "demo-root"
+    ensure_demo_dataset(demo_root / DEMO_DATASET_ID)
+    return [demo_root]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the application. The catalog loads at startup; `/readyz` says when it is ready."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        roots = await run_in_threadpool(resolve_roots, settings)
+        app.state.catalog = await run_in_threadpool(Catalog, settings, roots)
+        log.info("serving %d datasets from %s", len(app.state.catalog.ids()), ", ".join(map(str, roots)))
+        yield
+
+    app = FastAPI(
+        title="episerve",
+        version=__version__,
+        description="Episode-filtered rows of LeRobot-style parquet datasets as Arrow IPC streams.",
+        default_response_class=OrjsonResponse,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    install_problem_handlers(app)
+    app.include_router(health.router)
+    app.include_router(rows.router)
+    app.include_router(datasets.router)
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """Factory for `uvicorn --factory`: settings from `EPISERVE_*` variables (each worker calls it)."""
+    return create_app(Settings())

@@ -1,0 +1,285 @@
+"""The segment cache: one uncompressed Arrow IPC file per source parquet file, memory-mapped by every worker.
+
+Guarantees, kept by the code below:
+- Building streams record batches from the parquet file, so peak memory is about one batch, whatever the size
+  of the file.
+- Publishing is atomic: write `<name>.arrow.tmp`, fsync, drop the old sidecar, rename into place, then write the
+  sidecar (itself atomically). A segment is served only when its sidecar matches the file on disk (size, rows,
+  schema) and the current source fingerprint; anything else is deleted and rebuilt. A crash at any moment
+  therefore leaves at worst a stray `.tmp` or a segment without a sidecar, neither of which is ever served.
+- Each segment is built once: a file lock across processes, a lock per segment across threads (single-flight).
+- Open segments live in a bounded LRU of memory maps, so huge datasets cannot exhaust file descriptors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+from filelock import FileLock
+
+from app.episode_index import SourceFingerprint, schema_hash
+from app.errors import DatasetError
+from app.files import fsync_directory, write_atomically
+
+SEGMENT_FORMAT = 1
+_MAX_BATCH_ROWS = 65_536
+
+
+class SourceChanged(Exception):
+    """The source file no longer matches the fingerprint the caller holds: reload the dataset."""
+
+
+@dataclass
+class Segment:
+    """An open, validated segment: zero-copy record batches over a memory map."""
+
+    name: str
+    source: SourceFingerprint
+    batches: list[pa.RecordBatch]
+    batch_offsets: np.ndarray  # row offset of each batch, plus the total at the end
+    nbytes: int
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.batch_offsets[-1])
+
+    def slice(self, start: int, stop: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """Rows [start, stop) as zero-copy slices of the stored batches."""
+        number = int(np.searchsorted(self.batch_offsets, start, side="right")) - 1
+        while start < stop:
+            offset = int(self.batch_offsets[number])
+            end = min(stop, int(self.batch_offsets[number + 1]))
+            piece = self.batches[number].slice(start - offset, end - start)
+            yield piece.select(columns) if columns is not None else piece
+            start = end
+            number += 1
+
+    def take(self, rows: np.ndarray, columns: list[str] | None = None) -> list[pa.RecordBatch]:
+        """Rows at the given positions (ascending), gathered batch by batch so no whole column is touched."""
+        numbers = np.searchsorted(self.batch_offsets, rows, side="right") - 1
+        bounds = np.flatnonzero(np.diff(numbers)) + 1
+        pieces = []
+        for group in np.split(np.arange(len(rows)), bounds):
+            number = int(numbers[group[0]])
+            batch = self.batches[number]
+            if columns is not None:
+                batch = batch.select(columns)
+            pieces.append(batch.take(pa.array(rows[group] - self.batch_offsets[number])))
+        return pieces
+
+
+class SegmentLRU:
+    """Process-wide bounded map of open segments, least recently used evicted first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, Segment] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, source: SourceFingerprint) -> Segment | None:
+        with self._lock:
+            segment = self._items.get(key)
+            if segment is None:
+                return None
+            if segment.source != source:
+                del self._items[key]
+                return None
+            self._items.move_to_end(key)
+            return segment
+
+    def put(self, key: str, segment: Segment) -> None:
+        with self._lock:
+            self._items[key] = segment
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)  # mapped buffers stay valid while a response still uses them
+
+    def discard(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass(frozen=True)
+class _SegmentPaths:
+    arrow: Path
+    sidecar: Path
+    lock: Path
+    tmp: Path
+
+
+class SegmentStore:
+    """The segments of one dataset: `<cache>/segments/<name>.arrow` + `.json` sidecar + `.lock`."""
+
+    def __init__(self, directory: Path, source_root: Path, lru: SegmentLRU, batch_bytes: int = 8 * 1024 * 1024) -> None:
+        self.directory = directory
+        self.source_root = source_root
+        self.lru = lru
+        self.batch_bytes = batch_bytes
+        self._flights: dict[str, threading.Lock] = {}
+        self._flights_lock = threading.Lock()
+
+    @staticmethod
+    def segment_name(source_path: str) -> str:
+        """Stable per source file, so adding or removing other files never renames a segment."""
+        stem = Path(source_path).stem[:40]
+        return f"{stem}-{hashlib.sha256(source_path.encode()).hexdigest()[:12]}"
+
+    def paths(self, source_path: str) -> _SegmentPaths:
+        base = self.directory / self.segment_name(source_path)
+        return _SegmentPaths(
+            arrow=base.with_suffix(".arrow"),
+            sidecar=base.with_suffix(".json"),
+            lock=base.with_suffix(".lock"),
+            tmp=base.with_suffix(".arrow.tmp"),
+        )
+
+    def open(self, source: SourceFingerprint, schema: pa.Schema) -> Segment:
+        """The validated segment of `source`, built first if missing, stale or damaged."""
+        paths = self.paths(source.path)
+        key = str(paths.arrow)
+        segment = self.lru.get(key, source)
+        if segment is not None:
+            return segment
+        with self._flight(key):
+            segment = self.lru.get(key, source) or self._open_valid(paths, source, schema)
+            if segment is None:
+                segment = self._build(paths, source, schema)
+            self.lru.put(key, segment)
+            return segment
+
+    def is_built(self, source: SourceFingerprint, schema: pa.Schema) -> bool:
+        """Whether a valid segment exists on disk (checks the sidecar only; cheap)."""
+        return self._read_sidecar(self.paths(source.path), source, schema) is not None
+
+    def _flight(self, key: str) -> threading.Lock:
+        with self._flights_lock:
+            return self._flights.setdefault(key, threading.Lock())
+
+    def _open_valid(self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema) -> Segment | None:
+        sidecar = self._read_sidecar(paths, source, schema)
+        if sidecar is None:
+            return None
+        try:
+            if paths.arrow.stat().st_size != sidecar["bytes"]:
+                return None
+            reader = pa.ipc.open_file(pa.memory_map(str(paths.arrow)))
+            if not reader.schema.equals(schema, check_metadata=True):
+                return None
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        except (OSError, pa.ArrowException):
+            return None
+        offsets = np.zeros(len(batches) + 1, dtype=np.int64)
+        np.cumsum([b.num_rows for b in batches], out=offsets[1:])
+        if offsets[-1] != sidecar["rows"] or offsets[-1] != source.rows:
+            return None
+        return Segment(paths.arrow.stem, source, batches, offsets, sidecar["bytes"])
+
+    def _read_sidecar(self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema) -> dict | None:
+        try:
+            sidecar = orjson.loads(paths.sidecar.read_bytes())
+        except (OSError, ValueError):
+            return None
+        expected = {"format": SEGMENT_FORMAT, "source": asdict(source), "schema_hash": schema_hash(schema)}
+        if any(sidecar.get(k) != v for k, v in expected.items()):
+            return None
+        return sidecar
+
+    def _build(self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema) -> Segment:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with FileLock(paths.lock):
+            segment = self._open_valid(paths, source, schema)  # another process may have just built it
+            if segment is not None:
+                return segment
+            paths.sidecar.unlink(missing_ok=True)
+            source_file = self.source_root / source.path
+            self._check_unchanged(source_file, source)
+            rows, nbytes, checksum = self._write_segment(source_file, paths.tmp, schema)
+            try:
+                self._check_unchanged(source_file, source)
+                if rows != source.rows:
+                    raise SourceChanged(f"{source.path}: read {rows} rows, footer said {source.rows}")
+            except SourceChanged:
+                paths.tmp.unlink(missing_ok=True)
+                raise
+            os.replace(paths.tmp, paths.arrow)
+            fsync_directory(self.directory)
+            sidecar = {
+                "format": SEGMENT_FORMAT,
+                "source": asdict(source),
+                "schema_hash": schema_hash(schema),
+                "rows": rows,
+                "bytes": nbytes,
+                "crc32": checksum,
+            }
+            write_atomically(paths.sidecar, orjson.dumps(sidecar))
+            segment = self._open_valid(paths, source, schema)
+        if segment is None:
+            raise DatasetError(f"segment of {source.path!r} failed validation right after it was built")
+        return segment
+
+    def _write_segment(self, source_file: Path, tmp: Path, schema: pa.Schema) -> tuple[int, int, int]:
+        """Stream the parquet file into an uncompressed Arrow IPC file; return rows, bytes, crc32."""
+        try:
+            parquet = pq.ParquetFile(source_file, buffer_size=1 << 20, pre_buffer=False)
+            batch_rows = _rows_per_batch(parquet.metadata, self.batch_bytes)
+            rows = 0
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+                for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=False):
+                    writer.write_batch(conform_batch(batch, schema))
+                    rows += batch.num_rows
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+                nbytes = os.fstat(handle.fileno()).st_size
+                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    checksum = zlib.crc32(mapped)
+        except (OSError, pa.ArrowException) as exc:
+            tmp.unlink(missing_ok=True)
+            raise DatasetError(f"cannot convert {source_file.name!r}: {exc}") from exc
+        return rows, nbytes, checksum
+
+    @staticmethod
+    def _check_unchanged(path: Path, source: SourceFingerprint) -> None:
+        try:
+            unchanged = source.same_file(path.stat())
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            raise SourceChanged(f"{source.path} changed")
+
+
+def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`batch` with exactly `schema`: columns reordered, cast where types differ, nulls for missing ones."""
+    if batch.schema.equals(schema, check_metadata=False):
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    arrays = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        if index < 0:
+            arrays.append(pa.nulls(batch.num_rows, field.type))
+        else:
+            column = batch.column(index)
+            arrays.append(column if column.type == field.type else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _rows_per_batch(metadata: pq.FileMetaData, batch_bytes: int) -> int:
+    if metadata.num_rows == 0:
+        return 1
+    uncompressed = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    per_row = max(1, uncompressed // metadata.num_rows)
+    return int(max(1, min(_MAX_BATCH_ROWS, batch_bytes // per_row)))

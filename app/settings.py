@@ -1,0 +1,56 @@
+"""Server configuration: `EPISERVE_*` environment variables, overridable from the command line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def default_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/episerve`, else `~/.cache/episerve`."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "episerve"
+
+
+class Settings(BaseSettings):
+    """Everything the server can be configured with. Each field maps to `EPISERVE_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix="EPISERVE_", extra="ignore")
+
+    roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Dataset roots (os.pathsep-separated in the environment). Empty: serve the demo dataset.",
+    )
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Where segment caches live.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    workers: int = Field(1, ge=1, le=256)
+    log_level: str = "info"
+
+    episode_column: str = Field("episode_index", description="Episode column of generic parquet datasets.")
+    max_rows_per_response: int = Field(1_000_000, ge=1, description="Rows one /rows response may hold.")
+    max_take_indices: int = Field(100_000, ge=1, description="Indices one take request may ask for.")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest accepted request body.")
+    max_episode_spec_chars: int = Field(100_000, ge=16, description="Longest accepted `episodes` spec.")
+    max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
+    build_batch_bytes: int = Field(
+        8 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."
+    )
+
+    @field_validator("roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part.strip()]
+        return value
+
+    @field_validator("roots", "cache_dir")
+    @classmethod
+    def _absolute(cls, value: object) -> object:
+        if isinstance(value, list):
+            return [Path(p).expanduser().resolve() for p in value]
+        return Path(value).expanduser().resolve()  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""episerve client (placeholder until the client lands)."""

@@ -1,0 +1,150 @@
+"""Test support: real servers in subprocesses, source datasets on disk, and the pyarrow oracle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """`episerve-server serve` on 127.0.0.1 and a free port, in its own process."""
+
+    def __init__(
+        self, roots: Sequence[Path], cache_dir: Path, workers: int = 1, env: dict[str, str] | None = None
+    ) -> None:
+        self.roots = list(roots)
+        self.cache_dir = cache_dir
+        self.workers = workers
+        self.env = env or {}
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = cache_dir.parent / f"{cache_dir.name}-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> ServerProcess:
+        self.port = free_port()
+        command = [sys.executable, "-m", "app.cli", "serve", "--cache-dir", str(self.cache_dir)]
+        for root in self.roots:
+            command += ["--root", str(root)]
+        command += ["--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EPISERVE_")} | self.env
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log_path.read_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def read_stream(body: bytes) -> pa.Table:
+    return pa.ipc.open_stream(body).read_all()
+
+
+def source_files(dataset: Path) -> list[Path]:
+    """Source parquet files in stored order: LeRobot's data/ tree, or every parquet file, sorted by path."""
+    base = dataset / "data" if (dataset / "meta/info.json").exists() else dataset
+    return sorted(p for p in base.rglob("*.parquet") if "meta" not in p.relative_to(dataset).parts)
+
+
+def oracle(dataset: Path, episodes: Iterable[int] | None, column: str = "episode_index") -> pa.Table:
+    """What the server must return: rows of the picked episodes, ascending episode, then stored order."""
+    table = pa.concat_tables([pq.read_table(p) for p in source_files(dataset)], promote_options="permissive")
+    if episodes is None:
+        picked = np.arange(table.num_rows)
+    else:
+        wanted = np.isin(table[column].to_numpy(), np.fromiter(set(episodes), dtype=np.int64))
+        picked = np.flatnonzero(wanted)
+    order = picked[np.argsort(table[column].to_numpy()[picked], kind="stable")]
+    return table.take(pa.array(order, type=pa.int64()))
+
+
+def assert_tables_equal(actual: pa.Table, expected: pa.Table) -> None:
+    """Same column names, types and values, in the same row order."""
+    assert actual.column_names == expected.column_names
+    assert actual.num_rows == expected.num_rows
+    for name in expected.column_names:
+        got, want = actual[name].combine_chunks(), expected[name].combine_chunks()
+        assert got.type == want.type, name
+        assert got.equals(want), f"column {name!r} differs"
+
+
+def write_generic_dataset(path: Path) -> Path:
+    """Plain parquet files (no LeRobot metadata) whose episodes are interleaved and span files."""
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    layouts = {
+        "part-0.parquet": [3, 3, 1, 1, 1, 7],
+        "part-1.parquet": [7, 7, 0, 0, 3, 11, 11],
+        "part-2.parquet": [2, 2, 2, 9, 1],
+    }
+    counter = 0
+    for name, ids in layouts.items():
+        n = len(ids)
+        table = pa.table(
+            {
+                "episode_index": pa.array(ids, pa.int64()),
+                "value": pa.array(np.arange(counter, counter + n), pa.int64()),
+                "reading": pa.array(rng.normal(size=n).astype(np.float32)),
+                "vec": pa.array([rng.normal(size=int(rng.integers(0, 4))).tolist() for _ in range(n)],
+                                pa.list_(pa.float64())),
+                "label": pa.array([f"row-{counter + i}" for i in range(n)]),
+            }
+        )
+        pq.write_table(table, path / name, row_group_size=3)
+        counter += n
+    return path
+
+
+def write_plain_dataset(path: Path) -> Path:
+    """Parquet files with no episode column: one big episode."""
+    path.mkdir(parents=True)
+    for part in range(2):
+        values = np.arange(part * 10, part * 10 + 10)
+        pq.write_table(pa.table({"x": values, "y": values * 2.0}), path / f"chunk-{part}.parquet")
+    return path
