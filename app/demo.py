@@ -263,16 +263,13 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
 
 def _features(image_size: int) -> dict[str, dict[str, Any]]:
     """info.json `features`, in data-file column order."""
-    vector = {"dtype": "float32", "shape": [len(JOINT_NAMES)], "names": list(JOINT_NAMES)}
+    vector = {"dtype": "float32", "shape": [len(JOINT_NAMES)]}
+    image = {"dtype": "image", "shape": [image_size, image_size, 3], "names": ["height", "width", "channels"]}
     scalar_dtypes = {"timestamp": "float32", **{name: "int64" for name in STANDARD_COLUMNS[1:]}}
     return {
-        STATE: vector,
-        ACTION: dict(vector, names=list(JOINT_NAMES)),
-        IMAGE: {
-            "dtype": "image",
-            "shape": [image_size, image_size, 3],
-            "names": ["height", "width", "channels"],
-        },
+        STATE: {**vector, "names": list(JOINT_NAMES)},
+        ACTION: {**vector, "names": list(JOINT_NAMES)},
+        IMAGE: image,
         **{name: {"dtype": dtype, "shape": [1], "names": None} for name, dtype in scalar_dtypes.items()},
     }
 
@@ -355,8 +352,8 @@ def _image_stats(pixels: np.ndarray) -> Stats:
     channels = pixels.reshape(-1, 3).T
     histograms = np.stack([np.bincount(channel, minlength=256) for channel in channels])
     present = histograms > 0
-    mean = histograms @ levels / len(channels[0])
-    variance = histograms @ levels**2 / len(channels[0]) - mean**2
+    mean = histograms @ levels / channels.shape[1]
+    variance = histograms @ levels**2 / channels.shape[1] - mean**2
     per_channel = {
         "min": np.argmax(present, axis=1) / 255.0,
         "max": (255 - np.argmax(present[:, ::-1], axis=1)) / 255.0,
@@ -376,12 +373,12 @@ class _StatsAggregate:
         for name, stats in episode_stats.items():
             count = int(stats["count"][0])
             mean = stats["mean"].astype(np.float64)
-            part = self._parts.setdefault(name, {"count": 0, "sum": 0.0, "sumsq": 0.0, "min": None, "max": None})
+            part = self._parts.setdefault(name, {"count": 0, "sum": 0.0, "sumsq": 0.0})
             part["count"] += count
             part["sum"] = part["sum"] + mean * count
             part["sumsq"] = part["sumsq"] + (stats["std"] ** 2 + mean**2) * count
-            part["min"] = stats["min"] if part["min"] is None else np.minimum(part["min"], stats["min"])
-            part["max"] = stats["max"] if part["max"] is None else np.maximum(part["max"], stats["max"])
+            part["min"] = np.minimum(part.get("min", stats["min"]), stats["min"])
+            part["max"] = np.maximum(part.get("max", stats["max"]), stats["max"])
 
     def result(self) -> dict[str, Stats]:
         merged = {}

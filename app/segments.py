@@ -130,6 +130,7 @@ class SegmentStore:
         self.source_root = source_root
         self.lru = lru
         self.batch_bytes = batch_bytes
+        self.builds = 0  # segments this process converted (for metrics and tests)
         self._flights: dict[str, threading.Lock] = {}
         self._flights_lock = threading.Lock()
 
@@ -225,8 +226,10 @@ class SegmentStore:
                 "rows": rows,
                 "bytes": nbytes,
                 "crc32": checksum,
+                "built_by_pid": os.getpid(),
             }
             write_atomically(paths.sidecar, orjson.dumps(sidecar))
+            self.builds += 1
             segment = self._open_valid(paths, source, schema)
         if segment is None:
             raise DatasetError(f"segment of {source.path!r} failed validation right after it was built")

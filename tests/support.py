@@ -131,8 +131,9 @@ def write_generic_dataset(path: Path) -> Path:
                 "episode_index": pa.array(ids, pa.int64()),
                 "value": pa.array(np.arange(counter, counter + n), pa.int64()),
                 "reading": pa.array(rng.normal(size=n).astype(np.float32)),
-                "vec": pa.array([rng.normal(size=int(rng.integers(0, 4))).tolist() for _ in range(n)],
-                                pa.list_(pa.float64())),
+                "vec": pa.array(
+                    [rng.normal(size=int(rng.integers(0, 4))).tolist() for _ in range(n)], pa.list_(pa.float64())
+                ),
                 "label": pa.array([f"row-{counter + i}" for i in range(n)]),
             }
         )

@@ -327,32 +327,36 @@ def test_files_parameter(tmp_path: Path, episodes: int, files: int | None, expec
 # --- ensure_demo_dataset --------------------------------------------------------------------------------------
 
 
-def test_ensure_fills_an_empty_directory_and_is_idempotent(tmp_path: Path) -> None:
-    out = tmp_path / "root" / "demo"
-    out.mkdir(parents=True)
-    assert ensure_demo_dataset(out) == out
-    info = out / "meta/info.json"
-    assert read_info(out)["codebase_version"] == "v3.0" and read_info(out)["total_episodes"] == 200
-    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
-    assert ensure_demo_dataset(out) == out
-    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
-    assert info.is_file()
-    assert read_info(out)["total_frames"] == read_frames(out, columns=["index"]).num_rows
-    assert [p.name for p in out.parent.iterdir()] == ["demo"], "no temporary directories left behind"
-
-
-def test_ensure_survives_concurrent_callers(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
+@pytest.fixture(scope="module")
+def ensured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int | None]]:
+    """Two processes race to ensure the demo into an existing empty directory; returns it and their exit codes."""
+    out = tmp_path_factory.mktemp("ensure") / "demo"
+    out.mkdir()
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=ensure_demo_dataset, args=(out,)) for _ in range(2)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join(timeout=60)
-    assert [worker.exitcode for worker in workers] == [0, 0]
-    assert [p.name for p in tmp_path.iterdir()] == ["demo"], "the loser's temp dir was discarded"
+    return out, [worker.exitcode for worker in workers]
+
+
+def test_ensure_survives_concurrent_callers(ensured: tuple[Path, list[int | None]]) -> None:
+    out, exit_codes = ensured
+    assert exit_codes == [0, 0]
+    assert [p.name for p in out.parent.iterdir()] == ["demo"], "the loser's temp dir was discarded"
+    info = read_info(out)
+    assert info["codebase_version"] == "v3.0" and info["total_episodes"] == 200
     assert len(data_files(out)) == 4
-    assert read_frames(out, columns=["index"]).num_rows == read_info(out)["total_frames"]
+    assert read_frames(out, columns=["index"]).num_rows == info["total_frames"]
+
+
+def test_ensure_is_idempotent(ensured: tuple[Path, list[int | None]]) -> None:
+    out, _ = ensured
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    assert ensure_demo_dataset(out) == out
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert [p.name for p in out.parent.iterdir()] == ["demo"], "no temporary directories left behind"
 
 
 # --- errors ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,198 @@
+"""The segment cache: crash safety, one build under concurrency, no stale rows, no bytes per pick."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from app.catalog import Catalog
+from app.demo import write_demo_dataset
+from app.settings import Settings
+from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
+
+
+def make_catalog(root: Path, cache: Path, **overrides: object) -> Catalog:
+    return Catalog(Settings(roots=[root], cache_dir=cache, **overrides), [root])
+
+
+def write_big_generic_dataset(path: Path, rows: int = 400_000) -> Path:
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    values = pa.FixedSizeListArray.from_arrays(pa.array(rng.normal(size=rows * 16).astype(np.float32)), 16)
+    table = pa.table({"episode_index": np.repeat(np.arange(rows // 1000), 1000), "vec": values})
+    pq.write_table(table, path / "big.parquet", compression="none")
+    return path
+
+
+def cache_files(cache: Path, pattern: str) -> list[Path]:
+    return sorted(cache.rglob(pattern))
+
+
+def _read_everything(
+    root: str, cache: str, dataset_id: str, barrier: multiprocessing.synchronize.Barrier | None, batch_bytes: int
+) -> tuple[int, list[int]]:
+    catalog = make_catalog(Path(root), Path(cache), build_batch_bytes=batch_bytes)
+    dataset = catalog.get(dataset_id)
+    dataset.index()
+    if barrier is not None:
+        barrier.wait()
+    selected = dataset.read_slice(None, 0, None, ["episode_index"], 10**9)
+    values = pa.Table.from_batches(selected.batches, selected.schema)["episode_index"].to_pylist()
+    return dataset.segments.builds, values
+
+
+def test_sigkill_during_build_leaves_nothing_that_is_served(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_big_generic_dataset(root / "big")
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(5):
+        cache = tmp_path / f"cache-{attempt}"
+        process = context.Process(target=_read_everything, args=(str(root), str(cache), "big", None, 64 * 1024))
+        process.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.is_alive():
+            tmp = cache_files(cache, "*.arrow.tmp")
+            if tmp and tmp[0].exists() and tmp[0].stat().st_size > 1_000_000:
+                break
+            time.sleep(0.001)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        if cache_files(cache, "*.arrow.tmp") and not cache_files(cache, "segments/*.json"):
+            break
+    else:
+        pytest.fail("could not kill the builder mid-build in 5 attempts")
+
+    with ServerProcess([root], cache) as server:
+        response = httpx.get(f"{server.url}/datasets/big/rows", params={"episodes": "7,399"}, timeout=60)
+        assert response.status_code == 200
+        assert_tables_equal(read_stream(response.content), oracle(root / "big", [7, 399]))
+    assert cache_files(cache, "*.tmp") == []
+    assert len(cache_files(cache, "segments/*.arrow")) == len(cache_files(cache, "segments/*.json")) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove_sidecar", "garbage_sidecar", "wrong_rows", "empty_file"])
+def test_damaged_segment_is_rebuilt_never_served(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=12, files=2)
+    catalog = make_catalog(root, tmp_path / "cache")
+    dataset = catalog.get("demo")
+    expected = oracle(root / "demo", None)
+    dataset.read_slice(None, 0, None, None, 10**9)
+    arrow = cache_files(tmp_path / "cache", "segments/*.arrow")[0]
+    sidecar = arrow.with_suffix(".json")
+    if damage == "truncate":
+        os.truncate(arrow, arrow.stat().st_size // 2)
+    elif damage == "remove_sidecar":
+        sidecar.unlink()
+    elif damage == "garbage_sidecar":
+        sidecar.write_bytes(b"{oops")
+    elif damage == "wrong_rows":
+        sidecar.write_bytes(sidecar.read_bytes().replace(b'"rows":', b'"rows":1'))
+    elif damage == "empty_file":
+        arrow.write_bytes(b"")
+
+    fresh = make_catalog(root, tmp_path / "cache").get("demo")  # a new process: nothing cached in memory
+    selected = fresh.read_slice(None, 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(selected.batches, selected.schema), expected)
+    assert fresh.segments.builds == 1
+
+
+def test_concurrent_processes_build_each_segment_once(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=40, files=3)
+    cache = tmp_path / "cache"
+    context = multiprocessing.get_context("spawn")
+    workers = 4
+    with context.Manager() as manager:
+        barrier = manager.Barrier(workers)
+        with context.Pool(workers) as pool:
+            results = pool.starmap(
+                _read_everything, [(str(root), str(cache), "demo", barrier, 8 * 1024 * 1024)] * workers
+            )
+    expected = oracle(root / "demo", None)["episode_index"].to_pylist()
+    assert all(values == expected for _, values in results)
+    assert sum(builds for builds, _ in results) == 3
+    assert len(cache_files(cache, "segments/*.arrow")) == 3
+    assert cache_files(cache, "*.tmp") == []
+
+
+def test_concurrent_requests_in_one_process_share_one_build(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=20, files=1)
+    dataset = make_catalog(root, tmp_path / "cache").get("demo")
+    with ThreadPoolExecutor(8) as pool:
+        sizes = list(pool.map(lambda _: len(dataset.take(None, [0, 5, 9], ["index"]).table), range(16)))
+    assert sizes == [3] * 16
+    assert dataset.segments.builds == 1
+
+
+def test_rewritten_source_file_is_never_served_stale(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    dataset_dir = root / "table"
+    dataset_dir.mkdir(parents=True)
+    source = dataset_dir / "rows.parquet"
+    pq.write_table(pa.table({"episode_index": [0, 0, 1, 1], "value": [1, 2, 3, 4]}), source)
+    with ServerProcess([root], tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+        before = read_stream(http.get("/datasets/table/rows").content)
+        assert before["value"].to_pylist() == [1, 2, 3, 4]
+        pq.write_table(pa.table({"episode_index": [1, 0, 2], "value": [30, 10, 20]}), source)
+        os.utime(source, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+        after = read_stream(http.get("/datasets/table/rows").content)
+        assert after["episode_index"].to_pylist() == [0, 1, 2]
+        assert after["value"].to_pylist() == [10, 30, 20]
+        taken = http.post("/datasets/table/rows/take", json={"indices": [0], "episodes": [2]})
+        assert read_stream(taken.content)["value"].to_pylist() == [20]
+        info = http.get("/datasets/table").json()
+        assert info["rows"] == 3
+        assert info["episodes"] == 3
+
+
+def test_changed_file_invalidates_only_its_own_segment(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=30, files=3)
+    catalog = make_catalog(root, tmp_path / "cache")
+    dataset = catalog.get("demo")
+    dataset.read_slice(None, 0, None, None, 10**9)
+    segments = {p.name: p.stat().st_mtime_ns for p in cache_files(tmp_path / "cache", "segments/*.arrow")}
+    target = sorted((root / "demo" / "data").rglob("*.parquet"))[1]
+    table = pq.read_table(target)
+    pq.write_table(table, target)  # same rows, new file: a new fingerprint
+    os.utime(target, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    selected = dataset.read_slice(None, 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(selected.batches, selected.schema), oracle(root / "demo", None))
+    after = {p.name: p.stat().st_mtime_ns for p in cache_files(tmp_path / "cache", "segments/*.arrow")}
+    changed = [name for name in segments if after[name] != segments[name]]
+    assert len(changed) == 1 and target.stem in changed[0]
+
+
+def test_three_distinct_picks_cost_no_more_disk_than_one_conversion(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=100, files=4)
+    cache = tmp_path / "cache"
+    with ServerProcess([root], cache) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        for spec in ("0-9", "0-49", "0-99"):  # 10 %, 50 %, full
+            assert http.get("/datasets/demo/rows", params={"episodes": spec}).status_code == 200
+    cached = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and "demo-root" not in p.parts)
+    one_conversion = 0
+    for number, source in enumerate(sorted((root / "demo" / "data").rglob("*.parquet"))):
+        table = pq.read_table(source)
+        with (
+            pa.OSFile(str(tmp_path / f"reference-{number}.arrow"), "wb") as sink,
+            pa.ipc.new_file(sink, table.schema) as writer,
+        ):
+            writer.write_table(table)
+        one_conversion += (tmp_path / f"reference-{number}.arrow").stat().st_size
+    segments = sum(p.stat().st_size for p in cache.rglob("segments/*.arrow"))
+    assert segments <= one_conversion * 1.02
+    assert cached - segments < 64 * 1024  # sidecars, locks and the episode index only

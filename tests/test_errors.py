@@ -1,0 +1,156 @@
+"""Every bad input gets a 4xx JSON problem that names what was wrong — never a 500 or a hang."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+V3 = "/datasets/lerobot/demo-v3"
+
+
+def assert_problem(response: httpx.Response, status: int, *phrases: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["status"] == status
+    assert set(body) >= {"type", "title", "status", "detail"}
+    for phrase in phrases:
+        assert phrase in body["detail"], (phrase, body["detail"])
+    return body
+
+
+@pytest.mark.parametrize(
+    ("spec", "phrase"),
+    [
+        ("abc", "invalid term 'abc'"),
+        ("-3", "invalid term '-3'"),
+        ("1,,2", "invalid term ''"),
+        ("5-2", "end is before start"),
+        ("1.5", "invalid term '1.5'"),
+        ("", "episodes spec is empty"),
+    ],
+)
+def test_malformed_episode_spec_is_422(http: httpx.Client, spec: str, phrase: str) -> None:
+    assert_problem(http.get(f"{V3}/rows", params={"episodes": spec}), 422, phrase)
+
+
+def test_unknown_episodes_are_404_and_named(http: httpx.Client) -> None:
+    assert_problem(http.get(f"{V3}/rows", params={"episodes": "3,60,75-80"}), 404, "60", "75-80")
+
+
+def test_huge_episode_range_is_answered_without_expanding_it(http: httpx.Client) -> None:
+    body = assert_problem(http.get(f"{V3}/rows", params={"episodes": "0-999999999999"}), 404)
+    assert "60-999999999999" in body["detail"]
+
+
+def test_start_after_stop_is_422(http: httpx.Client) -> None:
+    assert_problem(http.get(f"{V3}/rows", params={"start": 10, "stop": 3}), 422, "start (10) is greater than stop (3)")
+
+
+@pytest.mark.parametrize("params", [{"start": -1}, {"stop": -5}, {"start": "x"}, {"stop": 2**70}])
+def test_negative_or_non_integer_bounds_are_422(http: httpx.Client, params: dict) -> None:
+    body = assert_problem(http.get(f"{V3}/rows", params=params), 422)
+    assert next(iter(params)) in body["detail"]
+
+
+def test_range_past_the_end_is_clamped_like_a_python_slice(http: httpx.Client) -> None:
+    response = http.get(f"{V3}/rows", params={"episodes": "0", "start": 10_000, "stop": 20_000})
+    assert response.status_code == 200
+    assert response.headers["x-start"] == response.headers["x-stop"] == response.headers["x-total-rows"]
+
+
+def test_unknown_columns_are_422_and_named(http: httpx.Client) -> None:
+    assert_problem(http.get(f"{V3}/rows", params={"columns": "index,nope,also_nope"}), 422, "'nope'", "'also_nope'")
+    taken = http.post(f"{V3}/rows/take", json={"indices": [0], "columns": ["ghost"]})
+    assert_problem(taken, 422, "'ghost'")
+
+
+def test_duplicate_columns_are_422(http: httpx.Client) -> None:
+    assert_problem(http.get(f"{V3}/rows", params={"columns": "index,index"}), 422, "more than once")
+
+
+def test_unknown_dataset_is_404(http: httpx.Client) -> None:
+    assert_problem(http.get("/datasets/nobody/nothing/rows"), 404, "'nobody/nothing'")
+    assert_problem(http.get("/datasets/missing"), 404, "'missing'")
+
+
+@pytest.mark.parametrize(
+    ("path", "phrase"),
+    [
+        ("/datasets/lerobot/%2e%2e/rows", "'..'"),
+        ("/datasets/%2e%2e/%2e%2e/etc/rows", "'..'"),
+        ("/datasets/%2Fetc%2Fpasswd/rows", "absolute path"),
+        ("/datasets/lerobot%5Cdemo-v3/rows", "backslashes"),
+        ("/datasets/a/b/c/rows", "more than one '/'"),
+    ],
+)
+def test_ids_that_could_leave_the_root_are_rejected(http: httpx.Client, path: str, phrase: str) -> None:
+    assert_problem(http.get(path), 422, phrase)
+
+
+def test_symlink_leaving_the_root_is_not_served(server, http: httpx.Client, tmp_path) -> None:
+    from app.demo import write_demo_dataset
+
+    outside = write_demo_dataset(tmp_path / "outside", episodes=3)
+    link = server.roots[0] / "escape"
+    link.symlink_to(outside, target_is_directory=True)
+    try:
+        assert_problem(http.get("/datasets/escape/rows"), 404, "'escape'")
+    finally:
+        link.unlink()
+
+
+def test_episodes_on_dataset_without_episode_column_is_422(http: httpx.Client) -> None:
+    assert_problem(http.get("/datasets/plain/rows", params={"episodes": "0"}), 422, "no episode column")
+
+
+def test_too_many_rows_for_one_response_is_413(datasets_root, tmp_path) -> None:
+    from tests.support import ServerProcess
+
+    env = {
+        "EPISERVE_MAX_ROWS_PER_RESPONSE": "100",
+        "EPISERVE_MAX_TAKE_INDICES": "10",
+        "EPISERVE_MAX_BODY_BYTES": "2048",
+        "EPISERVE_MAX_EPISODE_SPEC_CHARS": "20",
+    }
+    with ServerProcess([datasets_root], tmp_path / "cache", env=env) as server, httpx.Client(base_url=server.url) as c:
+        assert_problem(c.get(f"{V3}/rows"), 413, "limit is 100 rows")
+        assert c.get(f"{V3}/rows", params={"stop": 100}).status_code == 200
+        assert_problem(c.post(f"{V3}/rows/take", json={"indices": list(range(11))}), 413, "limit is 10")
+        assert_problem(c.post(f"{V3}/rows/take", json={"indices": [0] * 10, "pad": "x" * 4000}), 413, "2048 bytes")
+        assert_problem(c.get(f"{V3}/rows", params={"episodes": ",".join(["1"] * 20)}), 413, "limit is 20")
+
+
+def test_take_index_out_of_range_is_422(http: httpx.Client) -> None:
+    assert_problem(http.post(f"{V3}/rows/take", json={"indices": [0, 10**9]}), 422, "out of range", "1000000000")
+
+
+@pytest.mark.parametrize(
+    ("body", "phrase"),
+    [
+        ({"indices": [-1]}, "indices.0"),
+        ({"indices": ["1"]}, "indices.0"),
+        ({"indices": [1.5]}, "indices.0"),
+        ({}, "indices"),
+        ({"indices": [0], "episodes": [-2]}, "episodes"),
+        ({"indices": [0], "surprise": 1}, "surprise"),
+        ([1, 2], "body"),
+    ],
+)
+def test_invalid_take_body_is_422(http: httpx.Client, body: object, phrase: str) -> None:
+    assert_problem(http.post(f"{V3}/rows/take", json=body), 422, phrase)
+
+
+def test_non_json_take_body_is_400(http: httpx.Client) -> None:
+    response = http.post(f"{V3}/rows/take", content=b"{not json", headers={"content-type": "application/json"})
+    assert_problem(response, 400, "not valid JSON")
+
+
+def test_wrong_content_type_is_415(http: httpx.Client) -> None:
+    response = http.post(f"{V3}/rows/take", content=b"indices=1", headers={"content-type": "text/plain"})
+    assert_problem(response, 415, "application/json", "text/plain")
+
+
+def test_unknown_route_and_method_are_problems(http: httpx.Client) -> None:
+    assert_problem(http.get("/nowhere"), 404, "/nowhere")
+    assert_problem(http.delete("/datasets"), 405)
