@@ -97,7 +97,7 @@ class Catalog:
                     cache_dir,
                     self.settings.episode_column,
                     self.lru,
-                    self.settings.build_batch_bytes,
+                    self.settings,
                 )
                 self._datasets[dataset_id] = dataset
             return dataset

@@ -22,7 +22,9 @@ from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable
 from app.layouts import Layout, read_layout
 from app.segments import SegmentLRU, SegmentStore, SourceChanged
+from app.settings import Settings
 from app.views import EpisodeView
+from app.windows import PAD_SUFFIX, WindowRequest, WindowSpec, as_windows, pad_column, parse_windows, window_targets
 
 _ATTEMPTS = 3
 T = TypeVar("T")
@@ -59,13 +61,15 @@ class Dataset:
         cache_dir: Path,
         episode_column: str,
         lru: SegmentLRU,
-        batch_bytes: int,
+        limits: Settings,
     ) -> None:
         self.id = dataset_id
         self.path = path
         self.cache_dir = cache_dir
+        self.default_episode_column = episode_column
         self.episode_column = episode_column
-        self.segments = SegmentStore(cache_dir / "segments", path, lru, batch_bytes)
+        self.limits = limits
+        self.segments = SegmentStore(cache_dir / "segments", path, lru, limits.build_batch_bytes)
         self._lock = threading.Lock()
         self._layout: Layout | None = None
         self._index: EpisodeIndex | None = None
@@ -86,6 +90,7 @@ class Dataset:
         with self._lock:
             if self._index is None:
                 self._layout = read_layout(self.path)
+                self.episode_column = self._layout.episode_column or self.default_episode_column
                 self._index = load_or_build_index(
                     self.path, self._layout, self.episode_column, self.cache_dir / "index.json"
                 )
@@ -115,12 +120,17 @@ class Dataset:
         stop: int | None,
         columns: list[str] | None,
         max_rows: int,
+        windows: WindowRequest | None = None,
     ) -> RowSlice:
-        """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches."""
+        """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches.
+
+        Windowed columns, when asked for, are gathered and replace the stored column in the batches.
+        """
 
         def attempt(index: EpisodeIndex) -> RowSlice:
             view = self.resolve(index, episodes)
             names = check_columns(index.schema, columns)
+            spec = self._window_spec(index, windows)
             total = len(view)
             lo = min(start, total)
             hi = total if stop is None else min(stop, total)
@@ -128,46 +138,102 @@ class Dataset:
                 raise TooLarge(
                     f"the slice holds {hi - lo} rows; the limit is {max_rows} rows per response (page with start/stop)"
                 )
+            self._check_window_size(hi - lo, spec)
             spans = list(view.spans(lo, hi))
             self._ensure_fresh(index, {file for file, _, _ in spans})
+            base = with_window_columns(names, spec)
             batches = [
                 piece
                 for file, first, end in spans
-                for piece in self.segments.open(index.files[file], index.schema).slice(first, end, names)
+                for piece in self.segments.open(index.files[file], index.schema).slice(first, end, base)
             ]
-            return RowSlice(project(index.schema, names), batches, total, lo, hi, index.digest)
+            schema = project(index.schema, base)
+            if spec is not None:
+                table = pa.Table.from_batches(batches, schema)
+                table = self._apply_windows(index, view, np.arange(lo, hi, dtype=np.int64), table, spec)
+                schema, batches = table.schema, table.to_batches()
+            return RowSlice(schema, batches, total, lo, hi, index.digest)
 
         return self._with_fresh_index(attempt)
 
-    def take(self, episodes: EpisodeRanges | None, rows: list[int], columns: list[str] | None) -> RowTake:
-        """Rows at view positions `rows`, in that order (duplicates allowed)."""
+    def take(
+        self,
+        episodes: EpisodeRanges | None,
+        rows: list[int],
+        columns: list[str] | None,
+        windows: WindowRequest | None = None,
+    ) -> RowTake:
+        """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included."""
 
         def attempt(index: EpisodeIndex) -> RowTake:
             view = self.resolve(index, episodes)
             names = check_columns(index.schema, columns)
+            spec = self._window_spec(index, windows)
             wanted = np.asarray(rows, dtype=np.int64)
             total = len(view)
             bad = wanted[(wanted < 0) | (wanted >= total)]
             if len(bad):
                 shown = ", ".join(map(str, bad[:10].tolist()))
                 raise InvalidRequest(f"indices out of range [0, {total}): {shown}")
-            files, stored = view.locate(wanted)
-            self._ensure_fresh(index, set(np.unique(files).tolist()))
-            order = np.lexsort((stored, files))
-            pieces: list[pa.RecordBatch] = []
-            sorted_files = files[order]
-            bounds = np.flatnonzero(np.diff(sorted_files)) + 1
-            for group in np.split(order, bounds) if len(order) else []:
-                segment = self.segments.open(index.files[int(files[group[0]])], index.schema)
-                pieces.extend(segment.take(stored[group], names))
-            schema = project(index.schema, names)
-            gathered = pa.Table.from_batches(pieces, schema=schema)
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(len(order))
-            table = gathered.take(pa.array(inverse)) if len(order) else gathered
+            self._check_window_size(len(wanted), spec)
+            table = self._gather(index, view, wanted, with_window_columns(names, spec))
+            if spec is not None:
+                table = self._apply_windows(index, view, wanted, table, spec)
             return RowTake(table, total, index.digest)
 
         return self._with_fresh_index(attempt)
+
+    def _gather(self, index: EpisodeIndex, view: EpisodeView, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+        """View rows (in range) in the given order: sorted by segment and batch, taken, then put back in order."""
+        files, stored = view.locate(rows)
+        self._ensure_fresh(index, set(np.unique(files).tolist()))
+        schema = project(index.schema, names)
+        if len(rows) == 0:
+            return schema.empty_table()
+        order = np.lexsort((stored, files))
+        pieces: list[pa.RecordBatch] = []
+        bounds = np.flatnonzero(np.diff(files[order])) + 1
+        for group in np.split(order, bounds):
+            segment = self.segments.open(index.files[int(files[group[0]])], index.schema)
+            pieces.extend(segment.take(stored[group], names))
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return pa.Table.from_batches(pieces, schema=schema).take(pa.array(inverse))
+
+    def _window_spec(self, index: EpisodeIndex, windows: WindowRequest | None) -> WindowSpec | None:
+        if windows is None:
+            return None
+        return parse_windows(
+            windows.delta_timestamps,
+            fps=self.layout().fps,
+            schema=index.schema,
+            tolerance_s=windows.tolerance_s,
+            max_offsets=self.limits.max_window_offsets,
+        )
+
+    def _check_window_size(self, rows: int, spec: WindowSpec | None) -> None:
+        if spec is not None and rows * spec.widest > self.limits.max_window_values:
+            raise TooLarge(
+                f"{rows} rows x {spec.widest} offsets is {rows * spec.widest} window values; "
+                f"the limit is {self.limits.max_window_values} per request"
+            )
+
+    def _apply_windows(
+        self, index: EpisodeIndex, view: EpisodeView, rows: np.ndarray, table: pa.Table, spec: WindowSpec
+    ) -> pa.Table:
+        """Replace each windowed column by its windows and append the `<column>_is_pad` masks."""
+        lo, hi = view.episode_bounds(rows)
+        pads = []
+        for column, offsets in spec.offsets.items():
+            targets, pad = window_targets(rows, lo, hi, offsets)
+            values = self._gather(index, view, targets.reshape(-1), [column])[column].combine_chunks()
+            position = table.schema.get_field_index(column)
+            windowed = as_windows(values, len(offsets))
+            table = table.set_column(position, pa.field(column, windowed.type), windowed)
+            pads.append((column + PAD_SUFFIX, pad_column(pad)))
+        for name, mask in pads:
+            table = table.append_column(pa.field(name, mask.type), mask)
+        return table
 
     def _with_fresh_index(self, attempt: Callable[[EpisodeIndex], T]) -> T:
         index = self.index()
@@ -213,6 +279,13 @@ def check_columns(schema: pa.Schema, columns: list[str] | None) -> list[str] | N
     if duplicated:
         raise InvalidRequest(f"columns listed more than once: {', '.join(map(repr, duplicated))}")
     return columns
+
+
+def with_window_columns(columns: list[str] | None, spec: WindowSpec | None) -> list[str] | None:
+    """The selection plus any windowed column it left out (windows are always returned)."""
+    if columns is None or spec is None:
+        return columns
+    return columns + [c for c in spec.offsets if c not in columns]
 
 
 def project(schema: pa.Schema, columns: list[str] | None) -> pa.Schema:

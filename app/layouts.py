@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from app.errors import DatasetError
 
 LEROBOT_INFO = Path("meta/info.json")
+GENERIC_SETTINGS = Path("episerve.json")
 _V21_EPISODE_FILE = re.compile(r"episode_(\d+)\.parquet$")
 _STRINGS = (pa.string(), pa.large_string())
 
@@ -42,6 +43,7 @@ class Layout:
     info: dict[str, Any] = field(default_factory=dict)
     tasks: dict[int, str] = field(default_factory=dict)
     episode_tasks: dict[int, list[str]] = field(default_factory=dict)
+    episode_column: str | None = None  # overrides the server-wide default (generic datasets, `episerve.json`)
 
 
 def is_dataset_dir(path: Path) -> bool:
@@ -58,7 +60,7 @@ def read_layout(root: Path) -> Layout:
     """Describe the dataset directory `root` (its files relative to it, sorted)."""
     info_path = root / LEROBOT_INFO
     if not info_path.is_file():
-        return Layout(format="parquet", files=_parquet_files(root, root))
+        return _generic_layout(root)
     info = _read_json(info_path)
     version = str(info.get("codebase_version", ""))
     fps = info.get("fps")
@@ -75,6 +77,24 @@ def read_layout(root: Path) -> Layout:
         }
     else:
         raise DatasetError(f"{info_path}: unsupported codebase_version {version!r} (expected v2.1 or v3.0)")
+    return layout
+
+
+def _generic_layout(root: Path) -> Layout:
+    """Any directory of parquet files; an optional `episerve.json` gives `fps` and `episode_column`."""
+    layout = Layout(format="parquet", files=_parquet_files(root, root))
+    settings_path = root / GENERIC_SETTINGS
+    if settings_path.is_file():
+        settings = _read_json(settings_path)
+        fps = settings.get("fps")
+        if fps is not None and (not isinstance(fps, int | float) or isinstance(fps, bool) or fps <= 0):
+            raise DatasetError(f"{settings_path}: fps must be a positive number, got {fps!r}")
+        column = settings.get("episode_column")
+        if column is not None and not isinstance(column, str):
+            raise DatasetError(f"{settings_path}: episode_column must be a string, got {column!r}")
+        layout.fps = float(fps) if fps is not None else None
+        layout.episode_column = column
+        layout.info = settings
     return layout
 
 

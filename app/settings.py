@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     max_take_indices: int = Field(100_000, ge=1, description="Indices one take request may ask for.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest accepted request body.")
     max_episode_spec_chars: int = Field(100_000, ge=16, description="Longest accepted `episodes` spec.")
+    max_window_offsets: int = Field(1024, ge=1, description="Offsets one delta_timestamps column may list.")
+    max_window_values: int = Field(
+        10_000_000, ge=1, description="Rows x offsets one windowed request may gather (per column)."
+    )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
         8 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."

@@ -20,6 +20,7 @@ class EpisodeView:
     """Runs of stored rows in view order; `offsets[i]` is the view row where run i starts."""
 
     episodes: np.ndarray
+    episode_offsets: np.ndarray  # view row where each selected episode starts, plus the total at the end
     run_file: np.ndarray
     run_start: np.ndarray
     run_stop: np.ndarray
@@ -31,18 +32,22 @@ class EpisodeView:
     @classmethod
     def of(cls, index: EpisodeIndex, episodes: np.ndarray | None = None) -> EpisodeView:
         """The view of `episodes` (sorted, existing ids), or of the whole dataset when None."""
+        lengths = index.episode_lengths
         if episodes is None:
             episodes = index.episodes
             runs = np.arange(len(index.run_file))
         else:
             positions = np.searchsorted(index.episodes, episodes)
+            lengths = lengths[positions]
             first = index.episode_offsets[positions]
             counts = index.episode_offsets[positions + 1] - first
             runs = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
         files, starts, stops = _coalesce(index.run_file[runs], index.run_start[runs], index.run_stop[runs])
         offsets = np.zeros(len(files) + 1, dtype=np.int64)
         np.cumsum(stops - starts, out=offsets[1:])
-        return cls(np.asarray(episodes, dtype=np.int64), files, starts, stops, offsets)
+        episode_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=episode_offsets[1:])
+        return cls(np.asarray(episodes, dtype=np.int64), episode_offsets, files, starts, stops, offsets)
 
     def spans(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """(source file, first stored row, end stored row) covering view rows [start, stop), in order."""
@@ -54,6 +59,11 @@ class EpisodeView:
             yield int(self.run_file[run]), first, first + end - start
             start = end
             run += 1
+
+    def episode_bounds(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """View rows [lo, hi) of the episode each of `rows` belongs to, vectorised."""
+        position = np.searchsorted(self.episode_offsets, rows, side="right") - 1
+        return self.episode_offsets[position], self.episode_offsets[position + 1]
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source file, stored row) of each view row, vectorised."""

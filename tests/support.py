@@ -115,7 +115,7 @@ def assert_tables_equal(actual: pa.Table, expected: pa.Table) -> None:
 
 
 def write_generic_dataset(path: Path) -> Path:
-    """Plain parquet files (no LeRobot metadata) whose episodes are interleaved and span files."""
+    """Plain parquet files (no LeRobot metadata) whose episodes are interleaved and span files; 10 fps."""
     path.mkdir(parents=True)
     rng = np.random.default_rng(7)
     layouts = {
@@ -139,6 +139,7 @@ def write_generic_dataset(path: Path) -> Path:
         )
         pq.write_table(table, path / name, row_group_size=3)
         counter += n
+    (path / "episerve.json").write_text('{"fps": 10}')
     return path
 
 

@@ -12,7 +12,7 @@ from typing import Annotated
 import pyarrow as pa
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import get_dataset, get_settings, read_json_body
@@ -21,6 +21,7 @@ from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, encode_stream, stream_size
 from app.dataset import Dataset
 from app.episode_spec import EpisodeRanges, format_ranges, parse_episode_spec, ranges_from_ids
 from app.settings import Settings
+from app.windows import DEFAULT_TOLERANCE_S, WindowRequest
 
 router = APIRouter(tags=["rows"])
 
@@ -29,6 +30,10 @@ _ARROW_RESPONSE = {
     200: {"content": {ARROW_STREAM_MEDIA_TYPE: {}}, "description": "Arrow IPC stream of the rows"},
     304: {"description": "Not modified (ETag matched)"},
 }
+
+
+DeltaTimestamps = dict[str, list[StrictInt | StrictFloat]]
+_DELTA_TIMESTAMPS = TypeAdapter(DeltaTimestamps)
 
 
 class TakeRequest(BaseModel):
@@ -43,6 +48,12 @@ class TakeRequest(BaseModel):
         None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
     )
     columns: list[str] | None = Field(None, description="Columns to return, in this order; absent means all.")
+    delta_timestamps: DeltaTimestamps | None = Field(
+        None,
+        description="LeRobot temporal windows: {column: [offset seconds, ...]}. Each windowed column becomes a "
+        "fixed-size list of len(offsets) values, plus a boolean `<column>_is_pad` list.",
+    )
+    tolerance_s: float = Field(DEFAULT_TOLERANCE_S, ge=0, description="How far offsets may be off the 1/fps grid.")
 
 
 def _episodes(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
@@ -53,6 +64,23 @@ def _episodes(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges
     if len(spec) > settings.max_take_indices:
         raise ProblemException(413, f"{len(spec)} episode ids; the limit is {settings.max_take_indices}")
     return ranges_from_ids(spec)
+
+
+def _windows(delta_timestamps: dict | None, tolerance_s: float) -> WindowRequest | None:
+    return None if delta_timestamps is None else WindowRequest(delta_timestamps, tolerance_s)
+
+
+def _parse_delta_timestamps(text: str | None) -> dict | None:
+    """The JSON-encoded `delta_timestamps` query value, validated."""
+    if text is None:
+        return None
+    try:
+        return _DELTA_TIMESTAMPS.validate_json(text)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+        raise ProblemException(
+            422, f"delta_timestamps must be a JSON object of column -> list of seconds: {detail}"
+        ) from exc
 
 
 def _columns(spec: str | None) -> list[str] | None:
@@ -78,12 +106,19 @@ def read_rows(
     start: int = Query(0, ge=0, le=_MAX_ROW, description="First view row (inclusive)."),
     stop: int | None = Query(None, ge=0, le=_MAX_ROW, description="End view row (exclusive); clamped to the view."),
     columns: str | None = Query(None, description="Comma-separated columns, in the order wanted."),
+    delta_timestamps: str | None = Query(
+        None, description='JSON object of LeRobot windows, e.g. {"action": [0, 0.0333333, 0.0666667]}.'
+    ),
+    tolerance_s: float = Query(DEFAULT_TOLERANCE_S, ge=0, le=1e6, description="Frame-grid tolerance of offsets."),
 ) -> Response:
     if stop is not None and start > stop:
         raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
     ranges = _episodes(episodes, settings)
-    selected = dataset.read_slice(ranges, start, stop, _columns(columns), settings.max_rows_per_response)
-    query = f"{format_ranges(ranges) if ranges else '*'}|{selected.start}|{selected.stop}|{columns or '*'}"
+    windows = _windows(_parse_delta_timestamps(delta_timestamps), tolerance_s)
+    selected = dataset.read_slice(ranges, start, stop, _columns(columns), settings.max_rows_per_response, windows)
+    query = "|".join(
+        map(str, [format_ranges(ranges) if ranges else "*", selected.start, selected.stop, columns, windows])
+    )
     etag = f'"{selected.digest}-{hashlib.sha256(query.encode()).hexdigest()[:16]}"'
     headers = {
         "ETag": etag,
@@ -121,6 +156,7 @@ async def take_rows(
             413, f"{len(body.indices)} indices asked; the limit is {settings.max_take_indices} per request"
         )
     ranges = _episodes(body.episodes, settings)
-    taken = await run_in_threadpool(dataset.take, ranges, body.indices, body.columns)
+    windows = _windows(body.delta_timestamps, body.tolerance_s)
+    taken = await run_in_threadpool(dataset.take, ranges, body.indices, body.columns, windows)
     headers = {"X-Total-Rows": str(taken.total_rows)}
     return _arrow_response(taken.table.schema, table_batches(taken.table), headers)
