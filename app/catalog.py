@@ -75,6 +75,11 @@ class Catalog:
             self._scanned_at = time.monotonic()
         return found
 
+    def opened(self) -> list[Dataset]:
+        """Datasets some request has opened in this process."""
+        with self._lock:
+            return list(self._datasets.values())
+
     def ids(self) -> list[str]:
         return sorted(self._paths)
 

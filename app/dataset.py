@@ -69,7 +69,7 @@ class Dataset:
         self.default_episode_column = episode_column
         self.episode_column = episode_column
         self.limits = limits
-        self.segments = SegmentStore(cache_dir / "segments", path, lru, limits.build_batch_bytes)
+        self.segments = SegmentStore(cache_dir / "segments", path, lru, limits.build_batch_bytes, limits.verify_on_open)
         self._lock = threading.Lock()
         self._layout: Layout | None = None
         self._index: EpisodeIndex | None = None

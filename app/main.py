@@ -7,15 +7,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
-from app.api import datasets, health, rows
+from app.api import cache, datasets, health, rows
+from app.api.deps import require_token
+from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers
+from app.auth import TokenVerifier
 from app.catalog import Catalog
 from app.demo import ensure_demo_dataset
+from app.logs import configure_logging
 from app.settings import Settings
+from app.warm import Warmer
 
 log = logging.getLogger("episerve")
 
@@ -41,6 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.catalog = await run_in_threadpool(Catalog, settings, roots)
         log.info("serving %d datasets from %s", len(app.state.catalog.ids()), ", ".join(map(str, roots)))
         yield
+        app.state.warmer.shutdown()
 
     app = FastAPI(
         title="episerve",
@@ -50,13 +56,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.token_verifier = TokenVerifier(settings.accepted_tokens())
+    app.state.warmer = Warmer()
+    app.add_middleware(ObservabilityMiddleware)
     install_problem_handlers(app)
+    protected = [Depends(require_token)]
     app.include_router(health.router)
-    app.include_router(rows.router)
-    app.include_router(datasets.router)
+    app.include_router(rows.router, dependencies=protected)
+    app.include_router(cache.router, dependencies=protected)
+    app.include_router(datasets.router, dependencies=protected)
     return app
 
 
 def app_from_environment() -> FastAPI:
     """Factory for `uvicorn --factory`: settings from `EPISERVE_*` variables (each worker calls it)."""
-    return create_app(Settings())
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
+    return create_app(settings)

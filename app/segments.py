@@ -14,12 +14,13 @@ Guarantees, kept by the code below:
 from __future__ import annotations
 
 import hashlib
+import logging
 import mmap
 import os
 import threading
-import zlib
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,13 +28,16 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 from filelock import FileLock
 
+from app import metrics
 from app.episode_index import SourceFingerprint, schema_hash
 from app.errors import DatasetError
 from app.files import fsync_directory, write_atomically
 
-SEGMENT_FORMAT = 1
+SEGMENT_FORMAT = 2
+log = logging.getLogger("episerve.cache")
 _MAX_BATCH_ROWS = 65_536
 
 
@@ -105,10 +109,12 @@ class SegmentLRU:
             self._items.move_to_end(key)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)  # mapped buffers stay valid while a response still uses them
+            metrics.OPEN_SEGMENTS.set(len(self._items))
 
     def discard(self, key: str) -> None:
         with self._lock:
             self._items.pop(key, None)
+            metrics.OPEN_SEGMENTS.set(len(self._items))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -122,15 +128,51 @@ class _SegmentPaths:
     tmp: Path
 
 
-class SegmentStore:
-    """The segments of one dataset: `<cache>/segments/<name>.arrow` + `.json` sidecar + `.lock`."""
+@dataclass
+class BuildProgress:
+    """A build under way in this process."""
 
-    def __init__(self, directory: Path, source_root: Path, lru: SegmentLRU, batch_bytes: int = 8 * 1024 * 1024) -> None:
+    source: str
+    rows_total: int
+    rows_done: int = 0
+    bytes_done: int = 0
+    started: float = 0.0
+
+
+ProgressCallback = Callable[[int, int], None]  # (rows, bytes) written by the latest batch
+
+
+def file_checksum(path: Path) -> str:
+    """Checksum of a whole file, read through a memory map (`xxh3_64:<hex>`)."""
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(b"")
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(mapped)
+
+
+class SegmentStore:
+    """The segments of one dataset: `<cache>/segments/<name>.arrow` + `.json` sidecar + `.lock`.
+
+    With `verify_on_open`, a segment this process did not build itself is checksummed when first opened, so
+    flipped bytes on disk are caught before a single row is served (one sequential read per open).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        source_root: Path,
+        lru: SegmentLRU,
+        batch_bytes: int = 8 * 1024 * 1024,
+        verify_on_open: bool = True,
+    ) -> None:
         self.directory = directory
         self.source_root = source_root
         self.lru = lru
         self.batch_bytes = batch_bytes
-        self.builds = 0  # segments this process converted (for metrics and tests)
+        self.verify_on_open = verify_on_open
+        self.builds = 0  # segments this process converted (for tests and status)
+        self.building: dict[str, BuildProgress] = {}
         self._flights: dict[str, threading.Lock] = {}
         self._flights_lock = threading.Lock()
 
@@ -149,19 +191,51 @@ class SegmentStore:
             tmp=base.with_suffix(".arrow.tmp"),
         )
 
-    def open(self, source: SourceFingerprint, schema: pa.Schema) -> Segment:
+    def open(self, source: SourceFingerprint, schema: pa.Schema, progress: ProgressCallback | None = None) -> Segment:
         """The validated segment of `source`, built first if missing, stale or damaged."""
         paths = self.paths(source.path)
         key = str(paths.arrow)
         segment = self.lru.get(key, source)
         if segment is not None:
+            metrics.CACHE_HITS.inc()
             return segment
         with self._flight(key):
-            segment = self.lru.get(key, source) or self._open_valid(paths, source, schema)
+            segment = self.lru.get(key, source)
             if segment is None:
-                segment = self._build(paths, source, schema)
+                metrics.CACHE_MISSES.inc()
+                segment = self._open_valid(paths, source, schema, self.verify_on_open)
+            if segment is None:
+                segment = self._build(paths, source, schema, progress)
             self.lru.put(key, segment)
             return segment
+
+    def verify(self, source: SourceFingerprint, schema: pa.Schema) -> str | None:
+        """None if the segment on disk is sound (or absent), else what is wrong with it."""
+        paths = self.paths(source.path)
+        if not paths.arrow.exists() and not paths.sidecar.exists():
+            return None
+        sidecar = self._read_sidecar(paths, source, schema)
+        if sidecar is None:
+            return "sidecar missing, unreadable or for another source version"
+        if not paths.arrow.exists():
+            return "segment file missing"
+        size = paths.arrow.stat().st_size
+        if size != sidecar["bytes"]:
+            return f"size {size} differs from the sidecar's {sidecar['bytes']}"
+        checksum = file_checksum(paths.arrow)
+        if checksum != sidecar["checksum"]:
+            return f"checksum {checksum} differs from the sidecar's {sidecar['checksum']}"
+        if self._open_valid(paths, source, schema, verify=False) is None:
+            return "unreadable as an Arrow IPC file of the expected schema and rows"
+        return None
+
+    def discard(self, source: SourceFingerprint) -> None:
+        """Delete a segment (e.g. found damaged) so the next open rebuilds it."""
+        paths = self.paths(source.path)
+        with FileLock(paths.lock):
+            paths.sidecar.unlink(missing_ok=True)
+            paths.arrow.unlink(missing_ok=True)
+        self.lru.discard(str(paths.arrow))
 
     def is_built(self, source: SourceFingerprint, schema: pa.Schema) -> bool:
         """Whether a valid segment exists on disk (checks the sidecar only; cheap)."""
@@ -171,12 +245,17 @@ class SegmentStore:
         with self._flights_lock:
             return self._flights.setdefault(key, threading.Lock())
 
-    def _open_valid(self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema) -> Segment | None:
+    def _open_valid(
+        self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema, verify: bool = False
+    ) -> Segment | None:
         sidecar = self._read_sidecar(paths, source, schema)
         if sidecar is None:
             return None
         try:
             if paths.arrow.stat().st_size != sidecar["bytes"]:
+                return None
+            if verify and file_checksum(paths.arrow) != sidecar.get("checksum"):
+                log.warning("segment %s fails its checksum; rebuilding it", paths.arrow.name)
                 return None
             reader = pa.ipc.open_file(pa.memory_map(str(paths.arrow)))
             if not reader.schema.equals(schema, check_metadata=True):
@@ -200,16 +279,24 @@ class SegmentStore:
             return None
         return sidecar
 
-    def _build(self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema) -> Segment:
+    def _build(
+        self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema, progress: ProgressCallback | None
+    ) -> Segment:
         self.directory.mkdir(parents=True, exist_ok=True)
         with FileLock(paths.lock):
-            segment = self._open_valid(paths, source, schema)  # another process may have just built it
+            segment = self._open_valid(paths, source, schema, self.verify_on_open)  # another process's build
             if segment is not None:
                 return segment
             paths.sidecar.unlink(missing_ok=True)
             source_file = self.source_root / source.path
             self._check_unchanged(source_file, source)
-            rows, nbytes, checksum = self._write_segment(source_file, paths.tmp, schema)
+            started = time.perf_counter()
+            log.info("building segment %s from %s (%d rows)", paths.arrow.name, source.path, source.rows)
+            state = self.building[source.path] = BuildProgress(source.path, source.rows, started=time.time())
+            try:
+                rows, nbytes, checksum = self._write_segment(source_file, paths.tmp, schema, state, progress)
+            finally:
+                self.building.pop(source.path, None)
             try:
                 self._check_unchanged(source_file, source)
                 if rows != source.rows:
@@ -225,18 +312,37 @@ class SegmentStore:
                 "schema_hash": schema_hash(schema),
                 "rows": rows,
                 "bytes": nbytes,
-                "crc32": checksum,
+                "checksum": checksum,
                 "built_by_pid": os.getpid(),
             }
             write_atomically(paths.sidecar, orjson.dumps(sidecar))
             self.builds += 1
+            elapsed = time.perf_counter() - started
+            metrics.CACHE_BUILDS.inc()
+            metrics.BUILD_SECONDS.observe(elapsed)
+            metrics.BUILD_BYTES.inc(nbytes)
+            log.info(
+                "built segment %s: %d rows, %.1f MB in %.2f s (source %.1f MB/s)",
+                paths.arrow.name,
+                rows,
+                nbytes / 1e6,
+                elapsed,
+                source.size / 1e6 / max(elapsed, 1e-9),
+            )
             segment = self._open_valid(paths, source, schema)
         if segment is None:
             raise DatasetError(f"segment of {source.path!r} failed validation right after it was built")
         return segment
 
-    def _write_segment(self, source_file: Path, tmp: Path, schema: pa.Schema) -> tuple[int, int, int]:
-        """Stream the parquet file into an uncompressed Arrow IPC file; return rows, bytes, crc32."""
+    def _write_segment(
+        self,
+        source_file: Path,
+        tmp: Path,
+        schema: pa.Schema,
+        state: BuildProgress,
+        progress: ProgressCallback | None,
+    ) -> tuple[int, int, str]:
+        """Stream the parquet file into an uncompressed Arrow IPC file; return rows, bytes, checksum."""
         try:
             parquet = pq.ParquetFile(source_file, buffer_size=1 << 20, pre_buffer=False)
             batch_rows = _rows_per_batch(parquet.metadata, self.batch_bytes)
@@ -245,11 +351,13 @@ class SegmentStore:
                 for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=False):
                     writer.write_batch(conform_batch(batch, schema))
                     rows += batch.num_rows
+                    state.rows_done, state.bytes_done = rows, sink.tell()
+                    if progress is not None:
+                        progress(batch.num_rows, batch.nbytes)
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
                 nbytes = os.fstat(handle.fileno()).st_size
-                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                    checksum = zlib.crc32(mapped)
+            checksum = file_checksum(tmp)
         except (OSError, pa.ArrowException) as exc:
             tmp.unlink(missing_ok=True)
             raise DatasetError(f"cannot convert {source_file.name!r}: {exc}") from exc

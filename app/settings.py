@@ -31,6 +31,16 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, le=256)
     log_level: str = "info"
 
+    log_format: str = Field("text", pattern="^(text|json)$", description="Request and build log lines: text or json.")
+    tokens: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        repr=False,
+        description="Accepted bearer tokens (comma-separated). Empty: no authentication.",
+    )
+    tokens_file: Path | None = Field(None, description="File of accepted bearer tokens, one per line.")
+    metrics_require_token: bool = Field(False, description="Protect /metrics with the tokens too.")
+    verify_on_open: bool = Field(True, description="Checksum a segment built by another process when first mapped.")
+
     episode_column: str = Field("episode_index", description="Episode column of generic parquet datasets.")
     max_rows_per_response: int = Field(1_000_000, ge=1, description="Rows one /rows response may hold.")
     max_take_indices: int = Field(100_000, ge=1, description="Indices one take request may ask for.")
@@ -52,9 +62,26 @@ class Settings(BaseSettings):
             return [part for part in value.split(os.pathsep) if part.strip()]
         return value
 
-    @field_validator("roots", "cache_dir")
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [token.strip() for token in value.split(",") if token.strip()]
+        return value
+
+    @field_validator("roots", "cache_dir", "tokens_file")
     @classmethod
     def _absolute(cls, value: object) -> object:
+        if value is None:
+            return None
         if isinstance(value, list):
             return [Path(p).expanduser().resolve() for p in value]
         return Path(value).expanduser().resolve()  # type: ignore[arg-type]
+
+    def accepted_tokens(self) -> list[str]:
+        """Tokens from `tokens` and `tokens_file` (blank lines and `#` comments ignored)."""
+        tokens = list(self.tokens)
+        if self.tokens_file is not None:
+            lines = self.tokens_file.read_text().splitlines()
+            tokens += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        return tokens

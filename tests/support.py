@@ -48,7 +48,9 @@ class ServerProcess:
         command = [sys.executable, "-m", "app.cli", "serve", "--cache-dir", str(self.cache_dir)]
         for root in self.roots:
             command += ["--root", str(root)]
-        command += ["--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"]
+        command += ["--port", str(self.port), "--workers", str(self.workers)]
+        if "EPISERVE_LOG_LEVEL" not in self.env:
+            command += ["--log-level", "warning"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPISERVE_")} | self.env
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

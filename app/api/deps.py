@@ -7,6 +7,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from app.api.problems import ProblemException
+from app.auth import TokenCheck, TokenVerifier
 from app.catalog import Catalog
 from app.dataset import Dataset
 from app.settings import Settings
@@ -21,6 +22,18 @@ def get_catalog(request: Request) -> Catalog:
     if catalog is None:
         raise ProblemException(503, "the catalog is still loading; retry shortly")
     return catalog
+
+
+def require_token(request: Request) -> None:
+    """401 without a bearer token, 403 with a wrong one, when tokens are configured."""
+    verifier: TokenVerifier = request.app.state.token_verifier
+    result = verifier.check(request.headers.get("authorization"))
+    if result is TokenCheck.MISSING:
+        raise ProblemException(
+            401, "this server requires a bearer token (Authorization: Bearer <token>)", {"WWW-Authenticate": "Bearer"}
+        )
+    if result is TokenCheck.INVALID:
+        raise ProblemException(403, "the bearer token is not accepted")
 
 
 def get_dataset(dataset_id: str, request: Request) -> Dataset:

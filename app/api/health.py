@@ -1,9 +1,11 @@
-"""Liveness and readiness."""
+"""Liveness, readiness and metrics: open to load balancers and scrapers (metrics optionally token-protected)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
+from app import metrics
+from app.api.deps import require_token
 from app.api.problems import OrjsonResponse, problem
 
 router = APIRouter(tags=["health"])
@@ -20,3 +22,16 @@ def readyz(request: Request) -> OrjsonResponse:
     if catalog is None:
         return problem(503, "the catalog is still loading")
     return OrjsonResponse({"status": "ready", "datasets": len(catalog.ids())})
+
+
+@router.get("/metrics", summary="Prometheus metrics of every worker", response_class=Response)
+def prometheus_metrics(request: Request) -> Response:
+    if request.app.state.settings.metrics_require_token:
+        require_token(request)
+    catalog = getattr(request.app.state, "catalog", None)
+    if catalog is not None:
+        statuses = [dataset.cache_status() for dataset in catalog.opened()]
+        metrics.SEGMENTS_ON_DISK.set(sum(s["segments_built"] for s in statuses))
+        metrics.SEGMENT_BYTES_ON_DISK.set(sum(s["bytes"] for s in statuses))
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)

@@ -38,13 +38,16 @@ _STATUS: dict[type[EpiserveError], int] = {
 class ProblemException(Exception):
     """Raised by routers for HTTP-only problems (bad content type, unparsable body...)."""
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
+        self.headers = headers
 
 
-def problem(status: int, detail: str, title: str | None = None, **extra: Any) -> OrjsonResponse:
+def problem(
+    status: int, detail: str, title: str | None = None, headers: dict[str, str] | None = None, **extra: Any
+) -> OrjsonResponse:
     """A problem-details JSON response."""
     phrase = HTTPStatus(status).phrase
     body = {
@@ -54,7 +57,7 @@ def problem(status: int, detail: str, title: str | None = None, **extra: Any) ->
         "detail": detail,
         **extra,
     }
-    headers = {"Retry-After": "1"} if status == 503 else None
+    headers = {**({"Retry-After": "1"} if status == 503 else {}), **(headers or {})}
     return OrjsonResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
@@ -70,7 +73,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ProblemException)
     async def http_problem(request: Request, exc: ProblemException) -> OrjsonResponse:
-        return problem(exc.status, exc.detail)
+        return problem(exc.status, exc.detail, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> OrjsonResponse:

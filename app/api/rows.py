@@ -56,7 +56,7 @@ class TakeRequest(BaseModel):
     tolerance_s: float = Field(DEFAULT_TOLERANCE_S, ge=0, description="How far offsets may be off the 1/fps grid.")
 
 
-def _episodes(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
+def episode_ranges(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
     if spec is None:
         return None
     if isinstance(spec, str):
@@ -88,7 +88,11 @@ def _columns(spec: str | None) -> list[str] | None:
 
 
 def _arrow_response(schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str]) -> Response:
-    headers = {**headers, "Content-Length": str(stream_size(schema, batches))}
+    headers = {
+        **headers,
+        "Content-Length": str(stream_size(schema, batches)),
+        "X-Row-Count": str(sum(b.num_rows for b in batches)),
+    }
     return StreamingResponse(encode_stream(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
 
 
@@ -113,7 +117,7 @@ def read_rows(
 ) -> Response:
     if stop is not None and start > stop:
         raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
-    ranges = _episodes(episodes, settings)
+    ranges = episode_ranges(episodes, settings)
     windows = _windows(_parse_delta_timestamps(delta_timestamps), tolerance_s)
     selected = dataset.read_slice(ranges, start, stop, _columns(columns), settings.max_rows_per_response, windows)
     query = "|".join(
@@ -155,7 +159,7 @@ async def take_rows(
         raise ProblemException(
             413, f"{len(body.indices)} indices asked; the limit is {settings.max_take_indices} per request"
         )
-    ranges = _episodes(body.episodes, settings)
+    ranges = episode_ranges(body.episodes, settings)
     windows = _windows(body.delta_timestamps, body.tolerance_s)
     taken = await run_in_threadpool(dataset.take, ranges, body.indices, body.columns, windows)
     headers = {"X-Total-Rows": str(taken.total_rows)}

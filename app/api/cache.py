@@ -1,0 +1,81 @@
+"""Cache endpoints: status with build progress, and background warm-up."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import get_dataset, get_settings, read_json_body
+from app.api.problems import OrjsonResponse
+from app.api.rows import episode_ranges
+from app.dataset import Dataset
+from app.settings import Settings
+from app.warm import Warmer
+
+router = APIRouter(tags=["cache"])
+
+
+class WarmRequest(BaseModel):
+    """Which episodes to warm; every episode when absent."""
+
+    model_config = ConfigDict(extra="forbid")
+    episodes: str | list[Annotated[StrictInt, Field(ge=0, le=2**62)]] | None = Field(
+        None, description="Episode spec ('0,3-5') or list of ids; absent means every episode."
+    )
+
+
+def get_warmer(request: Request) -> Warmer:
+    return request.app.state.warmer
+
+
+def cache_report(dataset: Dataset, warmer: Warmer) -> dict[str, Any]:
+    status = dataset.cache_status()
+    job = warmer.job(dataset.id)
+    return {
+        "dataset": dataset.id,
+        **status,
+        "building": [
+            {
+                "source": b.source,
+                "rows_done": b.rows_done,
+                "rows_total": b.rows_total,
+                "bytes_done": b.bytes_done,
+                "progress": b.rows_done / b.rows_total if b.rows_total else 1.0,
+            }
+            for b in list(dataset.segments.building.values())
+        ],
+        "warming": job.as_dict() if job else None,
+    }
+
+
+@router.get("/datasets/{dataset_id:path}/cache", summary="Cache status: segments built, bytes, builds in progress")
+def cache_status(dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depends(get_warmer)) -> dict[str, Any]:
+    return cache_report(dataset, warmer)
+
+
+@router.post(
+    "/datasets/{dataset_id:path}/cache",
+    summary="Start warming the cache (all or some episodes) in the background",
+    status_code=202,
+    openapi_extra={
+        "requestBody": {"required": False, "content": {"application/json": {"schema": WarmRequest.model_json_schema()}}}
+    },
+)
+async def warm_cache(
+    request: Request,
+    dataset: Dataset = Depends(get_dataset),
+    settings: Settings = Depends(get_settings),
+    warmer: Warmer = Depends(get_warmer),
+) -> OrjsonResponse:
+    body = WarmRequest()
+    if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
+        parsed = await read_json_body(request, WarmRequest, settings.max_body_bytes)
+        assert isinstance(parsed, WarmRequest)
+        body = parsed
+    ranges = episode_ranges(body.episodes, settings)
+    await run_in_threadpool(warmer.start, dataset, ranges)
+    report = await run_in_threadpool(cache_report, dataset, warmer)
+    return OrjsonResponse(report, status_code=202)

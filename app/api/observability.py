@@ -1,0 +1,76 @@
+"""ASGI middleware: one access-log line and the request metrics per request, measured to the last byte."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import metrics
+
+log = logging.getLogger("episerve.access")
+
+
+class ObservabilityMiddleware:
+    """Counts status, bytes and rows of each response and logs them with the duration and the client."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        seen: dict[str, Any] = {"status": 500, "bytes": 0, "rows": None, "done": False}
+
+        async def observing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                for name, value in message.get("headers", []):
+                    if name == b"x-row-count":
+                        seen["rows"] = int(value)
+            elif message["type"] == "http.response.body":
+                seen["bytes"] += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    seen["done"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observing_send)
+        finally:
+            self._record(scope, seen, time.perf_counter() - started)
+
+    @staticmethod
+    def _record(scope: Scope, seen: dict[str, Any], seconds: float) -> None:
+        route = scope.get("route")
+        endpoint = getattr(route, "path", None) or "unmatched"
+        status = seen["status"] if seen["done"] else 499  # the client went away before the last byte
+        metrics.REQUESTS.labels(endpoint, scope["method"], str(status)).inc()
+        metrics.REQUEST_SECONDS.labels(endpoint).observe(seconds)
+        metrics.BYTES_SERVED.labels(endpoint).inc(seen["bytes"])
+        if seen["rows"] is not None:
+            metrics.ROWS_SERVED.labels(endpoint).inc(seen["rows"])
+        client = scope.get("client")
+        query = scope.get("query_string", b"").decode("latin-1")
+        path = scope["path"] + (f"?{query}" if query else "")
+        log.info(
+            "%s %s %s rows=%s bytes=%d %.1fms",
+            scope["method"],
+            path,
+            status,
+            seen["rows"],
+            seen["bytes"],
+            seconds * 1000,
+            extra={
+                "method": scope["method"],
+                "path": path,
+                "status": status,
+                "rows": seen["rows"],
+                "bytes": seen["bytes"],
+                "duration_ms": round(seconds * 1000, 3),
+                "client": f"{client[0]}:{client[1]}" if client else None,
+            },
+        )

@@ -1,0 +1,207 @@
+"""Operations and security: tokens, metrics, cache warm-up and verification, request logs, read-only roots."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.demo import write_demo_dataset
+from tests.support import ROOT, ServerProcess, assert_tables_equal, oracle, read_stream
+from tests.test_errors import assert_problem
+
+
+@pytest.fixture(scope="module")
+def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ops-root")
+    write_demo_dataset(root / "demo", episodes=30, files=3)
+    return root
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EPISERVE_")} | (env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_tokens_guard_data_endpoints_but_not_health(demo_root: Path, tmp_path: Path) -> None:
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text("# team tokens\nfile-token\n\n")
+    env = {"EPISERVE_TOKENS": "alpha,beta", "EPISERVE_TOKENS_FILE": str(tokens_file)}
+    with ServerProcess([demo_root], tmp_path / "cache", env=env) as server, httpx.Client(base_url=server.url) as http:
+        for path in (
+            "/datasets",
+            "/datasets/demo",
+            "/datasets/demo/episodes",
+            "/datasets/demo/rows",
+            "/datasets/demo/cache",
+        ):
+            response = assert_problem(http.get(path), 401, "bearer token")
+            assert "alpha" not in json.dumps(response)
+            assert_problem(http.get(path, headers={"Authorization": "Bearer wrong"}), 403, "not accepted")
+        assert http.get("/datasets", headers={"Authorization": "Basic alpha"}).status_code == 401
+        assert http.get("/datasets").headers["www-authenticate"] == "Bearer"
+        for token in ("alpha", "beta", "file-token"):
+            ok = http.get("/datasets/demo/rows", params={"episodes": "1"}, headers={"Authorization": f"Bearer {token}"})
+            assert ok.status_code == 200
+            assert_tables_equal(read_stream(ok.content), oracle(demo_root / "demo", [1]))
+        taken = http.post("/datasets/demo/rows/take", json={"indices": [0]})
+        assert taken.status_code == 401
+        assert http.get("/healthz").status_code == 200
+        assert http.get("/readyz").status_code == 200
+        assert http.get("/metrics").status_code == 200
+        log = server.log_path.read_text()
+    assert "alpha" not in log and "file-token" not in log
+
+
+def test_metrics_can_require_the_token(demo_root: Path, tmp_path: Path) -> None:
+    env = {"EPISERVE_TOKENS": "alpha", "EPISERVE_METRICS_REQUIRE_TOKEN": "true"}
+    with ServerProcess([demo_root], tmp_path / "cache", env=env) as server, httpx.Client(base_url=server.url) as http:
+        assert_problem(http.get("/metrics"), 401)
+        assert http.get("/metrics", headers={"Authorization": "Bearer alpha"}).status_code == 200
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus exposition text (0 when absent)."""
+    wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in text.splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_metrics_count_requests_rows_bytes_and_cache_activity_across_workers(demo_root: Path, tmp_path: Path) -> None:
+    with ServerProcess([demo_root], tmp_path / "cache", workers=2) as server, httpx.Client(base_url=server.url) as http:
+        expected_rows = oracle(demo_root / "demo", [2, 3]).num_rows
+        sizes = [len(http.get("/datasets/demo/rows", params={"episodes": "2,3"}).content) for _ in range(6)]
+        http.get("/datasets/demo/rows", params={"episodes": "999"})
+        text = http.get("/metrics").text
+    rows_endpoint = "/datasets/{dataset_id:path}/rows"
+    assert metric(text, "episerve_requests_total", endpoint=rows_endpoint, method="GET", status="200") == 6
+    assert metric(text, "episerve_requests_total", endpoint=rows_endpoint, method="GET", status="404") == 1
+    assert metric(text, "episerve_rows_served_total", endpoint=rows_endpoint) == 6 * expected_rows
+    assert metric(text, "episerve_response_bytes_total", endpoint=rows_endpoint) >= sum(sizes)
+    assert metric(text, "episerve_request_duration_seconds_count", endpoint=rows_endpoint) == 7
+    assert metric(text, "episerve_cache_builds_total") >= 1
+    assert metric(text, "episerve_cache_hits_total") + metric(text, "episerve_cache_misses_total") >= 6
+    assert metric(text, "episerve_cache_segments") >= 1
+    assert metric(text, "episerve_cache_bytes") > 0
+    assert "episerve_open_segments" in text
+
+
+def test_warm_endpoint_builds_in_background_and_reports_progress(demo_root: Path, tmp_path: Path) -> None:
+    with ServerProcess([demo_root], tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+        before = http.get("/datasets/demo/cache").json()
+        assert (before["segments_built"], before["segments_total"], before["bytes"]) == (0, 3, 0)
+        started = http.post("/datasets/demo/cache", json={"episodes": "0-5"})
+        assert started.status_code == 202
+        assert started.json()["warming"]["segments_total"] == 1
+        deadline = time.monotonic() + 30
+        while http.get("/datasets/demo/cache").json()["warming"]["state"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        status = http.get("/datasets/demo/cache").json()
+        assert status["warming"]["state"] == "done"
+        assert status["segments_built"] == 1 and status["bytes"] > 0
+        assert http.post("/datasets/demo/cache").status_code == 202  # no body: every episode
+        assert_problem(http.post("/datasets/demo/cache", json={"episodes": "500"}), 404, "500")
+        assert_problem(http.post("/datasets/demo/cache", json={"episodes": [-1]}), 422, "episodes")
+        deadline = time.monotonic() + 30
+        while http.get("/datasets/demo/cache").json()["segments_built"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_cli_warm_builds_with_progress_and_is_idempotent(demo_root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = run_cli("warm", "demo", "--root", str(demo_root), "--cache-dir", str(cache), "--episodes", "0-12")
+    assert first.returncode == 0, first.stderr
+    assert "rows" in first.stderr and "MB/s" in first.stderr  # the progress bar
+    needed = int(first.stdout.split(" segments needed")[0].split()[-1])
+    assert f"{needed} built" in first.stdout
+    again = run_cli("warm", "demo", "--root", str(demo_root), "--cache-dir", str(cache))
+    assert again.returncode == 0 and "3 segments needed" in again.stdout
+    assert f"{needed} already cached" in again.stdout
+    missing = run_cli("warm", "nope", "--root", str(demo_root), "--cache-dir", str(cache))
+    assert missing.returncode == 2 and "'nope'" in missing.stderr
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_verify_detects_damage_and_rebuilds_and_server_never_serves_it(
+    demo_root: Path, tmp_path: Path, damage: str
+) -> None:
+    cache = tmp_path / "cache"
+    assert run_cli("warm", "demo", "--root", str(demo_root), "--cache-dir", str(cache)).returncode == 0
+    segment = sorted(cache.rglob("segments/*.arrow"))[1]
+    data = bytearray(segment.read_bytes())
+    if damage == "flip":
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    else:
+        data = data[: len(data) // 3]
+    segment.write_bytes(bytes(data))
+
+    with ServerProcess([demo_root], cache) as server:  # a fresh process: the damaged file is never served
+        response = httpx.get(f"{server.url}/datasets/demo/rows", timeout=60)
+        assert_tables_equal(read_stream(response.content), oracle(demo_root / "demo", None))
+    # the server rebuilt it; damage it again for verify
+    segment.write_bytes(bytes(data))
+    report = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
+    assert report.returncode == 1
+    assert "1 damaged" in report.stdout and "NOT rebuilt" in report.stdout
+    assert ("checksum" if damage == "flip" else "size") in report.stdout
+    repaired = run_cli("verify", "demo", "--rebuild", "--root", str(demo_root), "--cache-dir", str(cache))
+    assert repaired.returncode == 0 and "rebuilt" in repaired.stdout
+    clean = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
+    assert clean.returncode == 0 and "3 segments checked, 0 not built, 0 damaged" in clean.stdout
+
+
+def test_json_request_log_has_one_line_per_request(demo_root: Path, tmp_path: Path) -> None:
+    env = {"EPISERVE_LOG_FORMAT": "json", "EPISERVE_LOG_LEVEL": "info"}
+    server = ServerProcess([demo_root], tmp_path / "cache", env=env)
+    server.start()
+    try:
+        httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "4", "columns": "index"})
+        httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "x"})
+    finally:
+        server.stop()
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
+    access = [line for line in lines if line["logger"] == "episerve.access" and "/rows" in line["path"]]
+    assert [a["status"] for a in access] == [200, 422]
+    ok = access[0]
+    assert ok["method"] == "GET" and ok["rows"] == oracle(demo_root / "demo", [4]).num_rows
+    assert ok["bytes"] > 0 and ok["duration_ms"] > 0 and ok["client"].startswith("127.0.0.1:")
+    builds = [line for line in lines if line["logger"] == "episerve.cache"]
+    assert any("built segment" in b["message"] and "MB" in b["message"] for b in builds)
+
+
+def tree_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        stat = path.lstat()
+        digest.update(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def test_requests_never_write_into_the_dataset_roots(demo_root: Path, tmp_path: Path) -> None:
+    before = tree_digest(demo_root)
+    with ServerProcess([demo_root], tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+        http.get("/datasets/demo/rows", params={"episodes": "1-3"})
+        http.post("/datasets/demo/rows/take", json={"indices": [1, 2], "delta_timestamps": {"action": [0, 1 / 30]}})
+        http.post("/datasets/demo/cache")
+        http.get("/datasets/demo/cache")
+        http.get("/datasets/..%2F..%2Fetc/rows")
+    assert tree_digest(demo_root) == before
