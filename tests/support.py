@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -53,7 +54,9 @@ class ServerProcess:
             command += ["--log-level", "warning"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPISERVE_")} | self.env
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -68,14 +71,31 @@ class ServerProcess:
         raise RuntimeError(f"server not ready after {timeout} s:\n{self.log_path.read_text()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the server and its workers (SIGKILL kills the whole process group at once)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
+            if sig == signal.SIGKILL:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            else:
+                self.process.send_signal(sig)
             try:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # orphaned workers, if any
         self.process = None
+
+    def pids(self) -> list[int]:
+        """The server's process and its workers."""
+        if self.process is None:
+            return []
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        found = [self.process.pid]
+        with contextlib.suppress(OSError):
+            found += [int(p) for p in children.read_text().split()]
+        return found
 
     def __enter__(self) -> ServerProcess:
         return self.start()
