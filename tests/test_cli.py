@@ -1,0 +1,71 @@
+"""The `episerve-server` command line: the contract deploy scripts and benchmarks rely on."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+
+from app.demo import write_demo_dataset
+from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
+from tests.test_operations import run_cli
+
+
+def test_demo_command_writes_both_formats(tmp_path: Path) -> None:
+    v3 = run_cli("demo", "--out", str(tmp_path / "v3"), "--episodes", "7", "--seed", "3")
+    assert v3.returncode == 0, v3.stderr
+    info = json.loads((tmp_path / "v3/meta/info.json").read_text())
+    assert (info["codebase_version"], info["total_episodes"]) == ("v3.0", 7)
+    v21 = run_cli("demo", "--out", str(tmp_path / "v21"), "--format", "v2.1", "--episodes", "4")
+    assert v21.returncode == 0, v21.stderr
+    assert len(list((tmp_path / "v21/data").rglob("episode_*.parquet"))) == 4
+    again = run_cli("demo", "--out", str(tmp_path / "v3"))
+    assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_two_roots_offering_the_same_id_is_a_startup_error_naming_both(tmp_path: Path) -> None:
+    for root in ("a", "b"):
+        write_demo_dataset(tmp_path / root / "shared", episodes=2)
+    result = run_cli(
+        "serve",
+        "--root",
+        str(tmp_path / "a"),
+        "--root",
+        str(tmp_path / "b"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--port",
+        "1",
+    )
+    assert result.returncode == 2
+    assert "'shared'" in result.stderr
+    assert str(tmp_path / "a" / "shared") in result.stderr and str(tmp_path / "b" / "shared") in result.stderr
+
+
+def test_missing_root_is_a_startup_error(tmp_path: Path) -> None:
+    result = run_cli("serve", "--root", str(tmp_path / "nowhere"), "--cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 2 and "nowhere" in result.stderr
+
+
+def test_roots_from_the_environment_are_pathsep_separated(tmp_path: Path) -> None:
+    write_demo_dataset(tmp_path / "one" / "first", episodes=3, seed=1)
+    write_demo_dataset(tmp_path / "two" / "org" / "second", format="v2.1", episodes=2, seed=2)
+    env = {"EPISERVE_ROOTS": os.pathsep.join([str(tmp_path / "one"), str(tmp_path / "two")])}
+    with ServerProcess([], tmp_path / "cache", env=env) as server:
+        ids = [d["id"] for d in httpx.get(f"{server.url}/datasets").json()["datasets"]]
+        assert ids == ["first", "org/second"]
+        rows = read_stream(httpx.get(f"{server.url}/datasets/org/second/rows").content)
+        assert_tables_equal(rows, oracle(tmp_path / "two/org/second", None))
+
+
+def test_serve_without_roots_serves_the_demo_dataset(tmp_path: Path) -> None:
+    with ServerProcess([], tmp_path / "cache", workers=2) as server:
+        listing = httpx.get(f"{server.url}/datasets").json()["datasets"]
+        assert [(d["id"], d["format"], d["episodes"]) for d in listing] == [("demo", "lerobot-v3.0", 200)]
+        rows = read_stream(httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "9,4"}).content)
+    demo = tmp_path / "cache" / "demo-root" / "demo"
+    assert_tables_equal(rows, oracle(demo, [4, 9]))
+    assert pq.read_metadata(sorted(demo.rglob("file-000.parquet"))[0]).num_rows > 0
