@@ -144,7 +144,9 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     except EpiserveError as exc:
         print(f"episerve-server warm: {exc.detail}", file=sys.stderr)
         return 2
-    rows_total = sum(index.files[n].rows for n in needed if not dataset.segments.is_built(index.files[n], index.schema))
+    rows_total = sum(
+        index.files[n].rows for n in needed if dataset.segments.built_size(index.files[n], index.schema) is None
+    )
     with tqdm(total=rows_total, unit="rows", unit_scale=True, desc=f"warming {dataset.id}") as bar:
         written = {"bytes": 0}
 

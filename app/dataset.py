@@ -257,13 +257,9 @@ class Dataset:
     def cache_status(self) -> dict[str, Any]:
         """Segments built / total and their bytes on disk."""
         index = self.index()
-        built = [fp for fp in index.files if self.segments.is_built(fp, index.schema)]
-        size = sum(
-            self.segments.paths(fp.path).arrow.stat().st_size
-            for fp in built
-            if self.segments.paths(fp.path).arrow.exists()
-        )
-        return {"segments_built": len(built), "segments_total": len(index.files), "bytes": size}
+        sizes = [self.segments.built_size(fp, index.schema) for fp in index.files]
+        built = [size for size in sizes if size is not None]
+        return {"segments_built": len(built), "segments_total": len(index.files), "bytes": sum(built)}
 
 
 def check_columns(schema: pa.Schema, columns: list[str] | None) -> list[str] | None:

@@ -237,9 +237,16 @@ class SegmentStore:
             paths.arrow.unlink(missing_ok=True)
         self.lru.discard(str(paths.arrow))
 
-    def is_built(self, source: SourceFingerprint, schema: pa.Schema) -> bool:
-        """Whether a valid segment exists on disk (checks the sidecar only; cheap)."""
-        return self._read_sidecar(self.paths(source.path), source, schema) is not None
+    def built_size(self, source: SourceFingerprint, schema: pa.Schema) -> int | None:
+        """Bytes of the segment on disk if its sidecar and size say it is current, else None (cheap: no read)."""
+        paths = self.paths(source.path)
+        sidecar = self._read_sidecar(paths, source, schema)
+        try:
+            if sidecar is None or paths.arrow.stat().st_size != sidecar["bytes"]:
+                return None
+        except OSError:
+            return None
+        return int(sidecar["bytes"])
 
     def _flight(self, key: str) -> threading.Lock:
         with self._flights_lock:
