@@ -1,1 +1,63 @@
-"""episerve client (placeholder until the client lands)."""
+"""episerve client: episode-filtered Arrow rows over HTTP, and torch datasets on top of them.
+
+`Client` speaks the HTTP API and returns `pyarrow.Table`s. `EpisodeDataset` (map-style, one request per batch)
+and `EpisodeIterableDataset` (streamed chunks, sharded and resumable) feed a torch `DataLoader`; `collate` is the
+`collate_fn` that passes their batches through whole.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from episerve._batch import Batch, collate
+from episerve._client import Client, __version__
+from episerve._errors import (
+    ConnectionFailed,
+    EpiserveError,
+    InvalidRequest,
+    NotFound,
+    ServerError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from episerve._retry import Retries
+
+if TYPE_CHECKING:
+    from episerve._dataset import EpisodeDataset
+    from episerve._iterable import EpisodeIterableDataset
+
+__all__ = [
+    "Batch",
+    "Client",
+    "ConnectionFailed",
+    "EpiserveError",
+    "EpisodeDataset",
+    "EpisodeIterableDataset",
+    "InvalidRequest",
+    "NotFound",
+    "Retries",
+    "ServerError",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "__version__",
+    "collate",
+]
+
+_LAZY = {"EpisodeDataset": "episerve._dataset", "EpisodeIterableDataset": "episerve._iterable"}
+
+
+def __getattr__(name: str) -> Any:
+    # The datasets import torch (when installed), which takes seconds; `Client` users should not pay for it.
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'episerve' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

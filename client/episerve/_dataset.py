@@ -1,0 +1,95 @@
+"""`EpisodeDataset`: map-style random access to a dataset view, one HTTP request per DataLoader batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from episerve._batch import Batch
+from episerve._client import Client, DeltaTimestamps
+from episerve._episodes import Episodes, episode_spec
+from episerve._retry import Retries
+from episerve._tensors import Output, resolve_output, table_columns, to_output
+
+try:
+    from torch.utils.data import Dataset as _Base
+except ImportError:  # numpy-only installs
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class EpisodeDataset(_Base):  # type: ignore[misc]
+    """Rows of a dataset view by position, as dicts of tensors (numpy arrays when torch is not installed).
+
+    The view is the selected `episodes` (a spec like `"0,3-5"` or an iterable of ids; all when None) in ascending
+    episode order, then stored frame order; `len(ds)` is its row count. Each sample maps column names to values:
+    scalars as 0-d tensors, fixed-size lists as `(d,)` tensors (a `delta_timestamps` window of them as `(T, d)`,
+    with a bool `<column>_is_pad` of shape `(T,)`), strings as `str`, image columns as encoded `bytes` or, with
+    `decode_images=True`, `(C, H, W)` uint8 tensors.
+
+    `__getitems__` fetches a whole DataLoader batch in one request and returns it already batched: use
+    `DataLoader(ds, batch_size=B, collate_fn=episerve.collate)` to receive `(B, ...)` tensors without any
+    per-sample work. `transform`, if given, is applied to each sample (and then batches are stacked again).
+
+    Creating the dataset makes one small request (the view length, which also validates the dataset, episodes and
+    columns); it pickles without its connections, so DataLoader workers open their own.
+    """
+
+    def __init__(
+        self,
+        url: str | Client,
+        dataset_id: str,
+        episodes: Episodes = None,
+        columns: Sequence[str] | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        delta_timestamps: DeltaTimestamps | None = None,
+        *,
+        tolerance_s: float | None = None,
+        decode_images: bool = False,
+        output: Output | None = None,
+        token: str | None = None,
+        retries: Retries | int | None = None,
+    ) -> None:
+        self.client = url if isinstance(url, Client) else Client(url, token, retries=retries)
+        self.dataset_id = dataset_id
+        self.episodes = episode_spec(episodes)
+        self.columns = list(columns) if columns is not None else None
+        self.transform = transform
+        self.delta_timestamps = dict(delta_timestamps) if delta_timestamps is not None else None
+        self.tolerance_s = tolerance_s
+        self.decode_images = decode_images
+        self.output = resolve_output(output)
+        probe = self.client._read_pages(
+            dataset_id, self.episodes, 0, 0, self.columns, self.delta_timestamps, self.tolerance_s
+        )
+        self._length = probe.total_rows
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"EpisodeDataset({self.client.url!r}, {self.dataset_id!r}, episodes={self.episodes!r}, rows={len(self)})"
+
+    def __getitem__(self, index: int) -> Any:
+        sample = self._fetch([index])[0]
+        return sample if self.transform is None else self.transform(sample)
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch | list[Any]:
+        """The samples at `indices` in one request, as a `Batch` (a batch dict that is also a list of samples)."""
+        batch = self._fetch(indices)
+        if self.transform is None:
+            return batch
+        return [self.transform(sample) for sample in batch]
+
+    def _fetch(self, indices: Sequence[int]) -> Batch:
+        positions = np.asarray(indices, dtype=np.int64).reshape(-1)
+        positions = np.where(positions < 0, positions + self._length, positions)
+        if len(positions) and (positions.min() < 0 or positions.max() >= self._length):
+            bad = np.asarray(indices).reshape(-1)[(positions < 0) | (positions >= self._length)]
+            raise IndexError(f"index {bad[0]} out of range for a view of {self._length} rows")
+        pages = self.client._take_rows(
+            self.dataset_id, positions, self.episodes, self.columns, self.delta_timestamps, self.tolerance_s
+        )
+        columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images)
+        return Batch(to_output(columns, self.output), len(positions))

@@ -1,0 +1,80 @@
+"""Retry policy: which failures are retried, and how long to wait, bounded in attempts and in total time."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from dataclasses import dataclass
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How hard the client tries before giving up.
+
+    A request is tried at most `attempts` times in all, and never started after `deadline` seconds have passed
+    since the first try. Between tries the client sleeps `backoff * 2**n` seconds (capped at `max_backoff`), with
+    jitter, or what the server's `Retry-After` asks for when that fits in the deadline.
+    Connection errors and 429/502/503/504 are retried; every other error is raised at once.
+    """
+
+    attempts: int = 10
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+    deadline: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        if self.backoff < 0 or self.max_backoff < 0 or self.deadline < 0:
+            raise ValueError("backoff, max_backoff and deadline must be non-negative")
+
+    def delay(self, retry: int, retry_after: float | None = None) -> float:
+        """Seconds to sleep before retry number `retry` (0-based)."""
+        if retry_after is not None:
+            return retry_after
+        # Jitter in [0.5, 1] of the exponential step: spreads many workers apart without wasting attempts on
+        # near-zero waits while a server restarts.
+        step = min(self.max_backoff, self.backoff * 2**retry)
+        return step * random.uniform(0.5, 1.0)
+
+
+class RetryBudget:
+    """The remaining attempts and time of one logical request."""
+
+    def __init__(self, policy: Retries) -> None:
+        self.policy = policy
+        self.started = time.monotonic()
+        self.attempt = 0
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def next_wait(self, retry_after: float | None = None) -> float | None:
+        """Seconds to wait before the next attempt, or None when the budget is spent (the caller then raises)."""
+        self.attempt += 1
+        if self.attempt >= self.policy.attempts:
+            return None
+        wait = self.policy.delay(self.attempt - 1, retry_after)
+        if self.elapsed + wait > self.policy.deadline:
+            return None
+        return wait
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a `Retry-After` header (delta-seconds or HTTP date); None when absent or unparsable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

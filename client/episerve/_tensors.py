@@ -1,0 +1,210 @@
+"""Arrow tables to per-column numpy arrays, then to torch tensors, without a Python loop over rows.
+
+Numeric columns become views of the response buffer (the client owns it, so the views are writable and torch
+takes them without copying); fixed-size lists are the flattened values reshaped to `(rows, size, ...)`, so a
+window of 6-vectors is `(rows, T, 6)`. A column split across several record batches is copied once into one
+array. Python objects (strings, bytes, variable-length lists, undecoded images) stay in 1-D object arrays, which
+index like the numeric ones and turn into lists at the end. Images are decoded with Pillow, one image at a time.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+Output = Literal["torch", "numpy"]
+Columns = dict[str, np.ndarray]
+
+
+@cache
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def resolve_output(output: Output | None) -> Output:
+    """`torch` when torch is importable and nothing else was asked for, else `numpy`."""
+    if output is None:
+        return "torch" if _torch() is not None else "numpy"
+    if output not in ("torch", "numpy"):
+        raise ValueError(f"output must be 'torch' or 'numpy', not {output!r}")
+    if output == "torch" and _torch() is None:
+        raise ImportError("output='torch' needs torch: pip install 'episerve[torch]'")
+    return output
+
+
+class _Owner:
+    """The writable buffers a table was decoded from, to view its columns as writable arrays."""
+
+    def __init__(self, buffers: Sequence[pa.Buffer]) -> None:
+        self.buffers = [(b.address, b.size, memoryview(b).cast("B")) for b in buffers if b.is_mutable]
+
+    def view(self, address: int, nbytes: int, dtype: np.dtype, count: int) -> np.ndarray | None:
+        for base, size, memory in self.buffers:
+            if base <= address and address + nbytes <= base + size:
+                return np.frombuffer(memory, dtype=dtype, count=count, offset=address - base)
+        return None
+
+
+def table_columns(table: pa.Table, *, buffers: Sequence[pa.Buffer] = (), decode_images: bool = False) -> Columns:
+    """Each column of `table` as one array whose first axis is the row (object arrays for Python values).
+
+    `buffers` are the writable buffers the table was read from; columns lying in them are viewed, not copied.
+    """
+    owner = _Owner(buffers) if buffers else None
+    return {name: _chunked(table.column(i), owner, decode_images) for i, name in enumerate(table.column_names)}
+
+
+def _chunked(column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
+    chunks = [c for c in column.chunks if len(c)] or [pa.array([], type=column.type)]
+    parts = [_array(c, owner, decode_images) for c in chunks]
+    if len(parts) == 1:
+        return parts[0]
+    if all(p.dtype != object for p in parts) and len({(p.dtype, p.shape[1:]) for p in parts}) == 1:
+        return np.concatenate(parts)
+    out = np.empty(sum(len(p) for p in parts), dtype=object)
+    position = 0
+    for part in parts:
+        out[position : position + len(part)] = _as_objects(part)
+        position += len(part)
+    return out
+
+
+def _array(array: pa.Array, owner: _Owner | None, decode_images: bool) -> np.ndarray:
+    kind = array.type
+    if pa.types.is_fixed_size_list(kind):
+        return _fixed_size_list(array, owner, decode_images)
+    if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and array.null_count == 0:
+        return _numeric_view(array, owner)
+    if pa.types.is_boolean(kind) and array.null_count == 0:
+        return array.to_numpy(zero_copy_only=False)  # bit-packed in Arrow: one unavoidable unpacking copy
+    if is_image(kind):
+        blobs = _objects(array.flatten()[kind.get_field_index("bytes")])
+        return decode_image_column(blobs) if decode_images else blobs
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _variable_list(array, owner, decode_images)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
+        return _objects(array)
+    if pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return _objects(array)
+    if pa.types.is_dictionary(kind):
+        return _array(array.dictionary_decode(), owner, decode_images)
+    values = array.to_numpy(zero_copy_only=False)
+    return values if values.ndim == 1 else _as_objects(values)
+
+
+def is_image(kind: pa.DataType) -> bool:
+    """LeRobot/HF image columns: a struct with a binary `bytes` field (and usually a `path`)."""
+    if not pa.types.is_struct(kind) or kind.get_field_index("bytes") < 0:
+        return False
+    field = kind.field(kind.get_field_index("bytes"))
+    return pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)
+
+
+def _numeric_view(array: pa.Array, owner: _Owner | None) -> np.ndarray:
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    data = array.buffers()[1]
+    count = len(array)
+    if owner is not None and data is not None:
+        address = data.address + array.offset * dtype.itemsize
+        viewed = owner.view(address, count * dtype.itemsize, dtype, count)
+        if viewed is not None:
+            return viewed
+    view = array.to_numpy(zero_copy_only=True)
+    return view if view.flags.writeable else view.copy()
+
+
+def _fixed_size_list(array: pa.FixedSizeListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
+    size = array.type.list_size
+    values = _array(array.flatten(), owner, decode_images)
+    if values.dtype != object:
+        return values.reshape(len(array), size, *values.shape[1:])
+    out = np.empty(len(array), dtype=object)
+    for row in range(len(array)):
+        out[row] = list(values[row * size : (row + 1) * size])
+    return out
+
+
+def _variable_list(array: pa.ListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
+    values = _array(array.flatten(), owner, decode_images)
+    offsets = array.offsets.to_numpy()
+    bounds = offsets - offsets[0]
+    pieces = np.split(values, bounds[1:-1]) if len(array) else []
+    out = np.empty(len(array), dtype=object)
+    for row, piece in enumerate(pieces):
+        out[row] = piece if values.dtype != object else list(piece)
+    if array.null_count:
+        out[np.asarray(array.is_null())] = None
+    return out
+
+
+def _objects(array: pa.Array) -> np.ndarray:
+    values = array.to_numpy(zero_copy_only=False)
+    return values if values.dtype == object else _as_objects(values)
+
+
+def _as_objects(values: np.ndarray | list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    for row, value in enumerate(values):
+        out[row] = value
+    return out
+
+
+def decode_image_column(blobs: np.ndarray) -> np.ndarray:
+    """Encoded images (PNG, JPEG...) to `(rows, C, H, W)` arrays; an object array if their shapes differ."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError("decode_images=True needs Pillow: pip install 'episerve[images]'") from exc
+    images = [None if blob is None else _decode_image(Image, blob) for blob in blobs]
+    shapes = {(image.shape, image.dtype) for image in images if image is not None}
+    if len(shapes) != 1 or any(image is None for image in images):
+        return _as_objects([None if image is None else np.array(image) for image in images])
+    [(shape, dtype)] = shapes
+    out = np.empty((len(images), *shape), dtype=dtype)
+    for row, image in enumerate(images):
+        out[row] = image
+    return out
+
+
+def _decode_image(image_module: Any, blob: bytes) -> np.ndarray:
+    with image_module.open(io.BytesIO(blob)) as image:
+        if image.mode not in ("1", "L", "LA", "RGB", "RGBA", "I;16", "I", "F"):
+            image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        pixels = np.asarray(image)
+    # HWC, as Pillow decodes, to the CHW layout torchvision and LeRobot use.
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+def to_output(columns: Columns, output: Output) -> dict[str, Any]:
+    """Numeric arrays as torch tensors (sharing memory) or numpy arrays; object arrays as lists."""
+    torch = _torch() if output == "torch" else None
+    result: dict[str, Any] = {}
+    for name, values in columns.items():
+        if values.dtype == object:
+            items = values.tolist()
+            if torch is not None:
+                items = [torch.from_numpy(v) if isinstance(v, np.ndarray) and v.dtype != object else v for v in items]
+            result[name] = items
+        elif torch is not None:
+            result[name] = _tensor(torch, values)
+        else:
+            result[name] = values
+    return result
+
+
+def _tensor(torch: Any, values: np.ndarray) -> Any:
+    if not values.flags.writeable:
+        values = values.copy()
+    try:
+        return torch.from_numpy(values)
+    except TypeError:  # a dtype torch has no tensor type for (datetime64...)
+        return values
