@@ -136,7 +136,8 @@ class Dataset:
             hi = total if stop is None else min(stop, total)
             if hi - lo > max_rows:
                 raise TooLarge(
-                    f"the slice holds {hi - lo} rows; the limit is {max_rows} rows per response (page with start/stop)"
+                    f"the slice holds {hi - lo} rows; the limit is {max_rows} rows per response (page with start/stop)",
+                    max_rows,
                 )
             self._check_window_size(hi - lo, spec)
             spans = list(view.spans(lo, hi))
@@ -215,7 +216,8 @@ class Dataset:
         if spec is not None and rows * spec.widest > self.limits.max_window_values:
             raise TooLarge(
                 f"{rows} rows x {spec.widest} offsets is {rows * spec.widest} window values; "
-                f"the limit is {self.limits.max_window_values} per request"
+                f"the limit is {self.limits.max_window_values} per request",
+                self.limits.max_window_values,
             )
 
     def _apply_windows(

@@ -23,7 +23,8 @@ def parse_episode_spec(spec: str, max_chars: int) -> EpisodeRanges:
     """Parse comma-separated non-negative integers and inclusive ranges `a-b` into merged ranges."""
     if len(spec) > max_chars:
         raise TooLarge(
-            f"episodes spec is {len(spec)} characters long; the limit is {max_chars} (send long lists in a POST body)"
+            f"episodes spec is {len(spec)} characters long; the limit is {max_chars} (send long lists in a POST body)",
+            max_chars,
         )
     if not spec.strip():
         raise InvalidRequest("episodes spec is empty; omit it to select every episode")

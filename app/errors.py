@@ -26,9 +26,13 @@ class NotFound(EpiserveError):
 
 
 class TooLarge(EpiserveError):
-    """The request exceeds a configured limit."""
+    """The request exceeds a configured limit (`limit`, reported to the client as a number)."""
 
     title = "Request too large"
+
+    def __init__(self, detail: str, limit: int) -> None:
+        super().__init__(detail)
+        self.limit = limit
 
 
 class Unavailable(EpiserveError):

@@ -69,7 +69,7 @@ def _frame_offsets(column: str, deltas: Sequence[float], fps: float, tolerance_s
     if len(deltas) == 0:
         raise InvalidRequest(f"delta_timestamps[{column!r}] is empty; give at least one offset")
     if len(deltas) > limit:
-        raise TooLarge(f"delta_timestamps[{column!r}] has {len(deltas)} offsets; the limit is {limit}")
+        raise TooLarge(f"delta_timestamps[{column!r}] has {len(deltas)} offsets; the limit is {limit}", limit)
     seconds = np.asarray(deltas, dtype=np.float64)
     bad = [d for d in deltas if not math.isfinite(d)]
     if bad:

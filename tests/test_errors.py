@@ -114,9 +114,11 @@ def test_too_many_rows_for_one_response_is_413(datasets_root, tmp_path) -> None:
         "EPISERVE_MAX_EPISODE_SPEC_CHARS": "20",
     }
     with ServerProcess([datasets_root], tmp_path / "cache", env=env) as server, httpx.Client(base_url=server.url) as c:
-        assert_problem(c.get(f"{V3}/rows"), 413, "limit is 100 rows")
+        assert assert_problem(c.get(f"{V3}/rows"), 413, "limit is 100 rows")["limit"] == 100
         assert c.get(f"{V3}/rows", params={"stop": 100}).status_code == 200
-        assert_problem(c.post(f"{V3}/rows/take", json={"indices": list(range(11))}), 413, "limit is 10")
+        too_many = assert_problem(c.post(f"{V3}/rows/take", json={"indices": list(range(11))}), 413, "limit is 10")
+        assert too_many["limit"] == 10
+        assert_problem(c.post(f"{V3}/rows", json={"stop": 101}), 413, "limit is 100 rows")
         assert_problem(c.post(f"{V3}/rows/take", json={"indices": [0] * 10, "pad": "x" * 4000}), 413, "2048 bytes")
         assert_problem(c.get(f"{V3}/rows", params={"episodes": ",".join(["1"] * 20)}), 413, "limit is 20")
 
@@ -154,3 +156,18 @@ def test_wrong_content_type_is_415(http: httpx.Client) -> None:
 def test_unknown_route_and_method_are_problems(http: httpx.Client) -> None:
     assert_problem(http.get("/nowhere"), 404, "/nowhere")
     assert_problem(http.delete("/datasets"), 405)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "phrase"),
+    [
+        ({"start": 9, "stop": 2}, 422, "start (9) is greater than stop (2)"),
+        ({"start": -1}, 422, "start"),
+        ({"episodes": "2-1"}, 422, "end is before start"),
+        ({"episodes": [1000]}, 404, "1000"),
+        ({"columns": ["nope"]}, 422, "'nope'"),
+        ({"rows": 3}, 422, "rows"),
+    ],
+)
+def test_invalid_post_rows_body_is_rejected(http: httpx.Client, body: dict, status: int, phrase: str) -> None:
+    assert_problem(http.post(f"{V3}/rows", json=body), status, phrase)

@@ -154,3 +154,18 @@ def test_image_column_holds_real_png_bytes(http: httpx.Client) -> None:
     image = table["observation.image"][0].as_py()
     assert image["bytes"].startswith(b"\x89PNG\r\n\x1a\n")
     assert np.frombuffer(image["bytes"][16:24], dtype=">u4").tolist() == [16, 16]
+
+
+def test_post_rows_takes_the_selection_in_a_body(http: httpx.Client, datasets_root: Path) -> None:
+    pick = list(range(59, -1, -2))  # a long, unsorted list
+    body = {"episodes": pick, "start": 5, "stop": 400, "columns": ["index", "episode_index"]}
+    response = http.post("/datasets/lerobot/demo-v3/rows", json=body)
+    assert response.status_code == 200, response.text
+    expected = oracle(datasets_root / "lerobot/demo-v3", pick).select(["index", "episode_index"])
+    assert_tables_equal(read_stream(response.content), expected.slice(5, 395))
+    assert int(response.headers["x-total-rows"]) == expected.num_rows
+    same = http.get(
+        "/datasets/lerobot/demo-v3/rows",
+        params={"episodes": ",".join(map(str, pick)), "start": 5, "stop": 400, "columns": "index,episode_index"},
+    )
+    assert same.content == response.content

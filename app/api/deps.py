@@ -48,12 +48,12 @@ async def read_json_body(request: Request, model: type[BaseModel], max_bytes: in
         raise ProblemException(415, f"the body must be application/json, got {content_type or 'no content type'!r}")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise ProblemException(413, f"the body is {declared} bytes; the limit is {max_bytes} bytes")
+        raise ProblemException(413, f"the body is {declared} bytes; the limit is {max_bytes} bytes", limit=max_bytes)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > max_bytes:
-            raise ProblemException(413, f"the body is larger than the limit of {max_bytes} bytes")
+            raise ProblemException(413, f"the body is larger than the limit of {max_bytes} bytes", limit=max_bytes)
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -38,11 +38,14 @@ _STATUS: dict[type[EpiserveError], int] = {
 class ProblemException(Exception):
     """Raised by routers for HTTP-only problems (bad content type, unparsable body...)."""
 
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, detail: str, headers: dict[str, str] | None = None, limit: int | None = None
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
         self.headers = headers
+        self.limit = limit
 
 
 def problem(
@@ -69,11 +72,13 @@ def install_problem_handlers(app: FastAPI) -> None:
         status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 400)
         if isinstance(exc, DatasetError):
             log.error("dataset error on %s: %s", request.url.path, exc.detail)
-        return problem(status, exc.detail, exc.title)
+        extra = {"limit": exc.limit} if isinstance(exc, TooLarge) else {}
+        return problem(status, exc.detail, exc.title, **extra)
 
     @app.exception_handler(ProblemException)
     async def http_problem(request: Request, exc: ProblemException) -> OrjsonResponse:
-        return problem(exc.status, exc.detail, headers=exc.headers)
+        extra = {"limit": exc.limit} if exc.limit is not None else {}
+        return problem(exc.status, exc.detail, headers=exc.headers, **extra)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> OrjsonResponse:

@@ -56,13 +56,30 @@ class TakeRequest(BaseModel):
     tolerance_s: float = Field(DEFAULT_TOLERANCE_S, ge=0, description="How far offsets may be off the 1/fps grid.")
 
 
+class SliceRequest(BaseModel):
+    """A contiguous slice of the view of `episodes`, as GET /rows takes it in its query."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: str | list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] | None = Field(
+        None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
+    )
+    start: StrictInt = Field(0, ge=0, le=_MAX_ROW, description="First view row (inclusive).")
+    stop: StrictInt | None = Field(None, ge=0, le=_MAX_ROW, description="End view row (exclusive); clamped.")
+    columns: list[str] | None = Field(None, description="Columns to return, in this order; absent means all.")
+    delta_timestamps: DeltaTimestamps | None = Field(None, description="LeRobot temporal windows, as in take.")
+    tolerance_s: float = Field(DEFAULT_TOLERANCE_S, ge=0, description="How far offsets may be off the 1/fps grid.")
+
+
 def episode_ranges(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
     if spec is None:
         return None
     if isinstance(spec, str):
         return parse_episode_spec(spec, settings.max_episode_spec_chars)
     if len(spec) > settings.max_take_indices:
-        raise ProblemException(413, f"{len(spec)} episode ids; the limit is {settings.max_take_indices}")
+        raise ProblemException(
+            413, f"{len(spec)} episode ids; the limit is {settings.max_take_indices}", limit=settings.max_take_indices
+        )
     return ranges_from_ids(spec)
 
 
@@ -115,15 +132,49 @@ def read_rows(
     ),
     tolerance_s: float = Query(DEFAULT_TOLERANCE_S, ge=0, le=1e6, description="Frame-grid tolerance of offsets."),
 ) -> Response:
-    if stop is not None and start > stop:
-        raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
     ranges = episode_ranges(episodes, settings)
     windows = _windows(_parse_delta_timestamps(delta_timestamps), tolerance_s)
-    selected = dataset.read_slice(ranges, start, stop, _columns(columns), settings.max_rows_per_response, windows)
-    query = "|".join(
-        map(str, [format_ranges(ranges) if ranges else "*", selected.start, selected.stop, columns, windows])
+    return _slice_response(request, dataset, settings, ranges, start, stop, _columns(columns), windows)
+
+
+@router.post(
+    "/datasets/{dataset_id:path}/rows",
+    summary="The same slice as GET /rows, with the selection in a JSON body (for long episode lists)",
+    response_class=Response,
+    responses=_ARROW_RESPONSE,
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": SliceRequest.model_json_schema()}}}
+    },
+)
+async def read_rows_with_body(
+    request: Request,
+    dataset: Dataset = Depends(get_dataset),
+    settings: Settings = Depends(get_settings),
+) -> Response:
+    body = await read_json_body(request, SliceRequest, settings.max_body_bytes)
+    assert isinstance(body, SliceRequest)
+    ranges = episode_ranges(body.episodes, settings)
+    windows = _windows(body.delta_timestamps, body.tolerance_s)
+    return await run_in_threadpool(
+        _slice_response, request, dataset, settings, ranges, body.start, body.stop, body.columns, windows
     )
-    etag = f'"{selected.digest}-{hashlib.sha256(query.encode()).hexdigest()[:16]}"'
+
+
+def _slice_response(
+    request: Request,
+    dataset: Dataset,
+    settings: Settings,
+    ranges: EpisodeRanges | None,
+    start: int,
+    stop: int | None,
+    columns: list[str] | None,
+    windows: WindowRequest | None,
+) -> Response:
+    if stop is not None and start > stop:
+        raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
+    selected = dataset.read_slice(ranges, start, stop, columns, settings.max_rows_per_response, windows)
+    query = [format_ranges(ranges) if ranges else "*", selected.start, selected.stop, columns, windows]
+    etag = f'"{selected.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"'
     headers = {
         "ETag": etag,
         "X-Total-Rows": str(selected.total_rows),
@@ -157,7 +208,9 @@ async def take_rows(
     assert isinstance(body, TakeRequest)
     if len(body.indices) > settings.max_take_indices:
         raise ProblemException(
-            413, f"{len(body.indices)} indices asked; the limit is {settings.max_take_indices} per request"
+            413,
+            f"{len(body.indices)} indices asked; the limit is {settings.max_take_indices} per request",
+            limit=settings.max_take_indices,
         )
     ranges = episode_ranges(body.episodes, settings)
     windows = _windows(body.delta_timestamps, body.tolerance_s)

@@ -32,7 +32,7 @@ DeltaTimestamps = Mapping[str, Sequence[float]]
 DEFAULT_TIMEOUT = 60.0
 _PAGE_ROWS = 1_000_000  # the server's default `max_rows_per_response`
 _TAKE_INDICES = 100_000  # the server's default `max_take_indices`
-_MAX_SPEC_IN_URL = 4000  # longer episode specs travel in a POST body instead of the query string
+_MAX_SPEC_IN_URL = 4000  # longer episode specs travel in a POST /rows body instead of the query string
 _LIMIT_IN_DETAIL = re.compile(r"limit is (\d+)")
 
 
@@ -103,10 +103,7 @@ class Client:
 
     def num_rows(self, dataset_id: str, episodes: Episodes = None) -> int:
         """Rows in the view of `episodes` (all episodes when None), without reading any."""
-        spec = episode_spec(episodes)
-        if spec is not None and len(spec) > _MAX_SPEC_IN_URL:
-            return self._take_pages(dataset_id, np.empty(0, np.int64), spec, None, None, None).total_rows
-        headers, _ = self._request("GET", _path(dataset_id, "/rows"), params=_params(spec, 0, 0), arrow=True)
+        headers, _ = self._slice(dataset_id, episode_spec(episodes), 0, 0)
         return int(headers["x-total-rows"])
 
     def rows(
@@ -156,15 +153,14 @@ class Client:
         if start < 0 or (stop is not None and stop < 0):
             raise ValueError("start and stop are view positions and must be non-negative")
         spec = episode_spec(episodes)
-        if spec is not None and len(spec) > _MAX_SPEC_IN_URL:
-            return self._rows_by_take(dataset_id, spec, start, stop, columns, delta_timestamps, tolerance_s)
         bodies: list[ArrowBody] = []
         position = start
         while True:
             page_stop = position + self._page_rows if stop is None else min(stop, position + self._page_rows)
-            params = _params(spec, position, page_stop, columns, delta_timestamps, tolerance_s)
             try:
-                headers, body = self._request("GET", _path(dataset_id, "/rows"), params=params, arrow=True)
+                headers, body = self._slice(
+                    dataset_id, spec, position, page_stop, columns, delta_timestamps, tolerance_s
+                )
             except TooLarge as exc:
                 self._page_rows = _smaller_limit(exc, page_stop - position)
                 continue
@@ -214,21 +210,25 @@ class Client:
             if position >= len(indices):
                 return Pages(bodies, total)
 
-    def _rows_by_take(
+    def _slice(
         self,
         dataset_id: str,
-        spec: str,
+        spec: str | None,
         start: int,
         stop: int | None,
-        columns: Sequence[str] | None,
-        delta_timestamps: DeltaTimestamps | None,
-        tolerance_s: float | None,
-    ) -> Pages:
-        # GET has no room for a very long episode list; the same slice as positions of a take.
-        total = self._take_pages(dataset_id, np.empty(0, np.int64), spec, None, None, None).total_rows
-        end = total if stop is None else min(stop, total)
-        indices = np.arange(min(start, end), end, dtype=np.int64)
-        return self._take_pages(dataset_id, indices, spec, columns, delta_timestamps, tolerance_s)
+        columns: Sequence[str] | None = None,
+        delta_timestamps: DeltaTimestamps | None = None,
+        tolerance_s: float | None = None,
+    ) -> tuple[httpx.Headers, ArrowBody]:
+        """One `/rows` request: GET with a query, or POST with a body when the episode list is too long for a URL."""
+        params = _params(spec, start, stop, columns, delta_timestamps, tolerance_s)
+        if spec is not None and len(spec) > _MAX_SPEC_IN_URL:
+            body = {**params, "columns": list(columns) if columns is not None else None}
+            if delta_timestamps is not None:
+                body["delta_timestamps"] = _windows(delta_timestamps)
+            body = {k: v for k, v in body.items() if v is not None}
+            return self._request("POST", _path(dataset_id, "/rows"), body=body, arrow=True)
+        return self._request("GET", _path(dataset_id, "/rows"), params=params, arrow=True)
 
     # --- transport -----------------------------------------------------------------------------------------
 
