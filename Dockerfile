@@ -5,8 +5,9 @@
 #   docker run --rm -p 127.0.0.1:8000:8000 -v /srv/datasets:/data:ro \
 #       -v episerve-cache:/cache -e EPISERVE_ROOTS=/data episerve-server           # serves /srv/datasets
 #
-# Layers are ordered for the build cache: the dependencies (from pyproject.toml alone) are installed before the
-# source is copied, so editing app/ rebuilds only the small last layers.
+# Layers are ordered for the build cache: the dependencies (from pyproject.toml and constraints.txt alone) are
+# installed before the source is copied, so editing app/ rebuilds only the small last layers. Nothing is fetched at
+# run time. Tested by tests/deploy/run.sh.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -38,6 +39,9 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- runtime ---------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="episerve-server" \
+      org.opencontainers.image.description="Serve LeRobot-style parquet datasets as Arrow IPC streams" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ARG UID=10001
 RUN groupadd --gid "${UID}" episerve \
  && useradd --uid "${UID}" --gid episerve --no-create-home --home-dir /nonexistent \
@@ -49,6 +53,7 @@ COPY --from=build /wheels /tmp/wheels
 RUN PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
     python -m pip --python /opt/venv/bin/python install --no-cache-dir --no-deps --no-index /tmp/wheels/*.whl \
  && rm -rf /tmp/wheels \
+ && /opt/venv/bin/python -c "import app.main, app.cli" \
  && /opt/venv/bin/episerve-server --help >/dev/null
 
 ENV PATH=/opt/venv/bin:$PATH \

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from app.settings import Settings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported lazily below: app.metrics must load after PROMETHEUS_MULTIPROC_DIR is set
     from app.catalog import Catalog
 
 
@@ -65,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         # Before anything imports app.metrics: every worker then writes its samples to files in this directory
         # and /metrics sums them (prometheus-client's multiprocess mode).
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="episerve-metrics-")
+    from app.catalog import Catalog, ConfigurationError
+    from app.main import resolve_roots
+
     try:
         settings = Settings()
-        from app.catalog import Catalog, ConfigurationError
-        from app.main import resolve_roots
-
         catalog = Catalog(settings, resolve_roots(settings))  # fail fast on a bad configuration
     except (ValidationError, ConfigurationError, OSError) as exc:
         print(f"episerve-server: invalid configuration: {exc}", file=sys.stderr)

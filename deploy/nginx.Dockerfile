@@ -8,6 +8,7 @@ FROM python:3.11-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends nginx \
  && rm -rf /var/lib/apt/lists/* /etc/nginx/sites-enabled/default \
+ && mkdir -p /var/cache/nginx \
  && ln -sf /dev/stdout /var/log/nginx/access.log \
  && ln -sf /dev/stderr /var/log/nginx/error.log
 # Debian's nginx.conf includes /etc/nginx/conf.d/*.conf inside http {}, like the official image; compose mounts

@@ -184,3 +184,33 @@ def test_window_gather_size_is_limited(datasets_root: Path, tmp_path: Path) -> N
         body = {"indices": list(range(30)), "delta_timestamps": {"action": [0.0, 1 / 30, 2 / 30, 3 / 30]}}
         response = httpx.post(f"{server.url}{V3}/rows/take", json=body)
         assert_problem(response, 413, "120 window values", "limit is 100")
+
+
+@HYPOTHESIS
+@given(data=st.data())
+def test_windows_through_a_dataloader_equal_reference(window_server: Any, data: st.DataObject) -> None:
+    import episerve
+    import torch
+
+    episodes = data.draw(st.lists(st.integers(0, 18), min_size=1, max_size=6), label="pick")
+    deltas = {"action": data.draw(offsets_strategy, label="action"), "observation.state": [-1 / FPS, 0.0]}
+    view = oracle(window_server.datasets_root / "random-1", episodes)
+    dataset = episerve.EpisodeDataset(
+        window_server.url,
+        "random-1",
+        episodes=episodes,
+        columns=["index", "action", "observation.state"],
+        delta_timestamps=deltas,
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=episerve.collate)
+    seen = 0
+    for batch in loader:
+        rows = list(range(seen, seen + len(batch["index"])))
+        assert batch["index"].tolist() == view["index"].to_numpy()[rows].tolist()
+        for column, offsets in deltas.items():
+            expected, expected_pad = reference_windows(view, rows, column, offsets, FPS)
+            assert tuple(batch[column].shape) == (len(rows), len(offsets), 6)
+            assert np.array_equal(batch[column].numpy(), np.asarray(expected, dtype=np.float32))
+            assert batch[f"{column}_is_pad"].tolist() == expected_pad
+        seen += len(rows)
+    assert seen == view.num_rows

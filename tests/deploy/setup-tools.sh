@@ -29,6 +29,16 @@ if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1 && docker co
   exit 0
 fi
 
+# Everything already there (any user, e.g. rootless podman): nothing to install.
+if command -v podman >/dev/null 2>&1 \
+   && { [ -x "$COMPOSE_VENV/bin/podman-compose" ] || command -v podman-compose >/dev/null 2>&1; } \
+   && podman image exists docker.io/library/python:3.11-slim 2>/dev/null \
+   && timeout 120 podman run --rm --network none docker.io/library/python:3.11-slim python -c 'print("ok")' >/dev/null 2>&1
+then
+  log "tools ready: $(podman --version)"
+  exit 0
+fi
+
 [ "$(id -u)" -eq 0 ] || unavailable "not root: cannot apt-get install podman/runc"
 command -v apt-get >/dev/null 2>&1 || unavailable "no apt-get (not Debian/Ubuntu)"
 
@@ -68,6 +78,6 @@ if ! podman image exists docker.io/library/python:3.11-slim; then
   timeout 900 "$SHARED/scripts/container-base.sh" || unavailable "container-base.sh failed"
 fi
 
-podman run --rm --network none docker.io/library/python:3.11-slim python -c 'print("ok")' >/dev/null \
+timeout 120 podman run --rm --network none docker.io/library/python:3.11-slim python -c 'print("ok")' >/dev/null \
   || unavailable "podman cannot run containers here"
 log "tools ready in $(( $(date +%s) - t0 )) s: $(podman --version), $("$COMPOSE_VENV/bin/podman-compose" version 2>/dev/null | head -1)"
