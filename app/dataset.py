@@ -8,6 +8,7 @@ row is never served.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,7 +107,7 @@ class Dataset:
     def resolve(self, index: EpisodeIndex, episodes: EpisodeRanges | None) -> EpisodeView:
         """The view of the selected episodes (all when None)."""
         if episodes is None:
-            return EpisodeView.of(index)
+            return index.full_view
         if not index.has_episode_column:
             raise InvalidRequest(
                 f"dataset {self.id!r} has no episode column {self.episode_column!r}: it is one episode; omit `episodes`"
@@ -247,10 +248,11 @@ class Dataset:
         raise Unavailable(f"source files of dataset {self.id!r} keep changing; retry later")
 
     def _ensure_fresh(self, index: EpisodeIndex, files: set[int]) -> None:
+        root = str(self.path)
         for number in files:
             source = index.files[number]
             try:
-                unchanged = source.same_file((self.path / source.path).stat())
+                unchanged = source.same_file(os.stat(os.path.join(root, source.path)))
             except OSError:
                 unchanged = False
             if not unchanged:

@@ -8,11 +8,13 @@ while the files' fingerprints still match, so reopening a large dataset stats it
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import itertools
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -22,6 +24,9 @@ import pyarrow.parquet as pq
 from app.errors import DatasetError
 from app.files import write_atomically
 from app.layouts import EpisodeRun, Layout, episode_runs_from_metadata
+
+if TYPE_CHECKING:
+    from app.views import EpisodeView
 
 INDEX_FORMAT = 1
 
@@ -77,18 +82,25 @@ class EpisodeIndex:
     def total_rows(self) -> int:
         return int((self.run_stop - self.run_start).sum())
 
-    @property
+    @functools.cached_property
     def episode_lengths(self) -> np.ndarray:
         per_run = self.run_stop - self.run_start
         return np.add.reduceat(per_run, self.episode_offsets[:-1]) if len(per_run) else per_run
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         """Changes whenever any source file or the unified schema changes (used for ETags)."""
         h = hashlib.sha256(schema_hash(self.schema).encode())
         for fp in self.files:
             h.update(orjson.dumps(asdict(fp)))
         return h.hexdigest()[:32]
+
+    @functools.cached_property
+    def full_view(self) -> EpisodeView:
+        """The view of every episode (computed once per index snapshot)."""
+        from app.views import EpisodeView  # views build on this module
+
+        return EpisodeView.of(self)
 
     @classmethod
     def from_runs(

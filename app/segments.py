@@ -173,6 +173,7 @@ class SegmentStore:
         self.verify_on_open = verify_on_open
         self.builds = 0  # segments this process converted (for tests and status)
         self.building: dict[str, BuildProgress] = {}
+        self._paths: dict[str, _SegmentPaths] = {}
         self._flights: dict[str, threading.Lock] = {}
         self._flights_lock = threading.Lock()
 
@@ -183,13 +184,16 @@ class SegmentStore:
         return f"{stem}-{hashlib.sha256(source_path.encode()).hexdigest()[:12]}"
 
     def paths(self, source_path: str) -> _SegmentPaths:
-        base = self.directory / self.segment_name(source_path)
-        return _SegmentPaths(
-            arrow=base.with_suffix(".arrow"),
-            sidecar=base.with_suffix(".json"),
-            lock=base.with_suffix(".lock"),
-            tmp=base.with_suffix(".arrow.tmp"),
-        )
+        paths = self._paths.get(source_path)
+        if paths is None:
+            name = self.segment_name(source_path)
+            paths = self._paths[source_path] = _SegmentPaths(
+                arrow=self.directory / f"{name}.arrow",
+                sidecar=self.directory / f"{name}.json",
+                lock=self.directory / f"{name}.lock",
+                tmp=self.directory / f"{name}.arrow.tmp",
+            )
+        return paths
 
     def open(self, source: SourceFingerprint, schema: pa.Schema, progress: ProgressCallback | None = None) -> Segment:
         """The validated segment of `source`, built first if missing, stale or damaged."""

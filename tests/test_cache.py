@@ -196,3 +196,15 @@ def test_three_distinct_picks_cost_no_more_disk_than_one_conversion(tmp_path: Pa
     segments = sum(p.stat().st_size for p in cache.rglob("segments/*.arrow"))
     assert segments <= one_conversion * 1.02
     assert cached - segments < 64 * 1024  # sidecars, locks and the episode index only
+
+
+def test_source_files_with_dots_in_their_names_get_distinct_segments(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "dotted").mkdir(parents=True)
+    for part in range(3):
+        table = pa.table({"episode_index": [part, part], "value": [part * 10, part * 10 + 1]})
+        pq.write_table(table, root / "dotted" / f"train.part{part}.v1.parquet")
+    dataset = make_catalog(root, tmp_path / "cache").get("dotted")
+    selected = dataset.read_slice(None, 0, None, None, 10**9)
+    assert pa.Table.from_batches(selected.batches, selected.schema)["value"].to_pylist() == [0, 1, 10, 11, 20, 21]
+    assert len(cache_files(tmp_path / "cache", "segments/*.arrow")) == 3
