@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import episerve
 import httpx
 import pyarrow as pa
 
+import episerve
 from bench.access import SocketAccess
 from bench.config import MODES
 from bench.datasets import ensure_dataset

@@ -189,8 +189,9 @@ def test_window_gather_size_is_limited(datasets_root: Path, tmp_path: Path) -> N
 @HYPOTHESIS
 @given(data=st.data())
 def test_windows_through_a_dataloader_equal_reference(window_server: Any, data: st.DataObject) -> None:
-    import episerve
     import torch
+
+    import episerve
 
     episodes = data.draw(st.lists(st.integers(0, 18), min_size=1, max_size=6), label="pick")
     deltas = {"action": data.draw(offsets_strategy, label="action"), "observation.state": [-1 / FPS, 0.0]}

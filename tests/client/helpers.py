@@ -96,8 +96,9 @@ def tag_worker(batch: dict[str, Any]) -> dict[str, Any]:
 
 def iterate_rank(url: str, rank: int, world_size: int, epochs: list[int], options: dict[str, Any]) -> dict:
     """One simulated rank: a 2-worker DataLoader over its shard, for each epoch the indices each worker produced."""
-    import episerve
     from torch.utils.data import DataLoader
+
+    import episerve
 
     results = {}
     for epoch in epochs:
@@ -114,8 +115,9 @@ def iterate_rank(url: str, rank: int, world_size: int, epochs: list[int], option
 
 def consume_then_save(url: str, options: dict[str, Any], epoch: int, batches: int) -> tuple[list[int], dict]:
     """Take `batches` batches of an epoch from a 2-worker DataLoader, then the state to resume from."""
-    import episerve
     from torch.utils.data import DataLoader
+
+    import episerve
 
     dataset = episerve.EpisodeIterableDataset(url, DEMO, **options)
     dataset.set_epoch(epoch)
@@ -129,8 +131,9 @@ def consume_then_save(url: str, options: dict[str, Any], epoch: int, batches: in
 
 def load_then_finish(url: str, options: dict[str, Any], state: dict) -> list[int]:
     """A fresh process resuming from `state` to the end of its epoch."""
-    import episerve
     from torch.utils.data import DataLoader
+
+    import episerve
 
     dataset = episerve.EpisodeIterableDataset(url, DEMO, **options)
     dataset.load_state_dict(state)

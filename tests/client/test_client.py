@@ -10,12 +10,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import episerve
 import numpy as np
 import pyarrow as pa
 import pytest
 import tomllib
 
+import episerve
 from tests.client.helpers import DEMO
 from tests.support import ROOT, ServerProcess, assert_tables_equal, oracle
 

@@ -10,15 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import episerve
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from episerve._tensors import table_columns, to_output
 from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
+import episerve
+from episerve._tensors import table_columns, to_output
 from tests.client.helpers import DEMO, assert_batch_equals_view, exactly_once, positions_by_index
 from tests.support import oracle
 

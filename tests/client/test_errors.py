@@ -8,9 +8,9 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import episerve
 import pytest
 
+import episerve
 from tests.client.helpers import DEMO
 from tests.support import free_port
 

@@ -8,13 +8,13 @@ import threading
 import time
 from pathlib import Path
 
-import episerve
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import episerve
 from tests.client.helpers import (
     DEMO,
     PinnedPortServer,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from episerve._sharding import EpochPlan, delivered_per_worker
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from episerve._sharding import EpochPlan, delivered_per_worker
 
 
 def simulate_round_robin(rows_per_worker: list[int], unit: int) -> list[list[int]]:
