@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         # Before anything imports app.metrics: every worker then writes its samples to files in this directory
         # and /metrics sums them (prometheus-client's multiprocess mode).
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="episerve-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_directory())
     from app.catalog import Catalog, ConfigurationError
     from app.main import resolve_roots
 
@@ -93,6 +93,32 @@ def _export_flags(args: argparse.Namespace) -> None:
     for name, value in overrides.items():
         if value is not None:
             os.environ[name] = str(value)
+
+
+def _metrics_directory() -> Path:
+    """A fresh per-server directory under the cache; those of servers that died without cleaning up are removed."""
+    try:
+        parent = Settings().cache_dir / "metrics"
+        parent.mkdir(parents=True, exist_ok=True)
+    except (ValidationError, OSError):
+        return Path(tempfile.mkdtemp(prefix="episerve-metrics-"))
+    for stale in parent.iterdir():
+        if stale.name.isdigit() and not _alive(int(stale.name)):
+            shutil.rmtree(stale, ignore_errors=True)
+    directory = parent / str(os.getpid())
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    return directory
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _demo(args: argparse.Namespace) -> int:
