@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -136,6 +137,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _serve(settings: Settings) -> int:
     import uvicorn
 
+    # uvicorn re-raises SIGTERM once it has shut down; exiting through SystemExit lets `finally` clean up.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         uvicorn.run(
             "app.main:app_from_environment",

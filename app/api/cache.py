@@ -27,7 +27,7 @@ class WarmRequest(BaseModel):
     )
 
 
-def get_warmer(request: Request) -> Warmer:
+async def get_warmer(request: Request) -> Warmer:
     return request.app.state.warmer
 
 

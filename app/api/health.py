@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from app import metrics
-from app.api.deps import require_token
+from app.api.deps import check_token
 from app.api.problems import OrjsonResponse, problem
 
 router = APIRouter(tags=["health"])
@@ -27,7 +27,7 @@ def readyz(request: Request) -> OrjsonResponse:
 @router.get("/metrics", summary="Prometheus metrics of every worker", response_class=Response)
 def prometheus_metrics(request: Request) -> Response:
     if request.app.state.settings.metrics_require_token:
-        require_token(request)
+        check_token(request)
     catalog = getattr(request.app.state, "catalog", None)
     if catalog is not None:
         statuses = [dataset.cache_status() for dataset in catalog.opened()]

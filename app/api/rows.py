@@ -26,6 +26,7 @@ from app.windows import DEFAULT_TOLERANCE_S, WindowRequest
 router = APIRouter(tags=["rows"])
 
 _MAX_ROW = 2**62
+_SINGLE_PIECE_BYTES = 4 * 1024 * 1024
 _ARROW_RESPONSE = {
     200: {"content": {ARROW_STREAM_MEDIA_TYPE: {}}, "description": "Arrow IPC stream of the rows"},
     304: {"description": "Not modified (ETag matched)"},
@@ -105,11 +106,13 @@ def _columns(spec: str | None) -> list[str] | None:
 
 
 def _arrow_response(schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str]) -> Response:
-    headers = {
-        **headers,
-        "Content-Length": str(stream_size(schema, batches)),
-        "X-Row-Count": str(sum(b.num_rows for b in batches)),
-    }
+    """Small bodies in one piece (no per-chunk thread hops); large ones streamed batch by batch."""
+    size = stream_size(schema, batches)
+    headers = {**headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
+    if size <= _SINGLE_PIECE_BYTES:
+        body = b"".join(encode_stream(schema, batches))
+        return Response(body, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+    headers["Content-Length"] = str(size)
     return StreamingResponse(encode_stream(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
 
 
@@ -119,7 +122,7 @@ def _arrow_response(schema: pa.Schema, batches: list[pa.RecordBatch], headers: d
     response_class=Response,
     responses=_ARROW_RESPONSE,
 )
-def read_rows(
+async def read_rows(
     request: Request,
     dataset: Dataset = Depends(get_dataset),
     settings: Settings = Depends(get_settings),
@@ -134,7 +137,9 @@ def read_rows(
 ) -> Response:
     ranges = episode_ranges(episodes, settings)
     windows = _windows(_parse_delta_timestamps(delta_timestamps), tolerance_s)
-    return _slice_response(request, dataset, settings, ranges, start, stop, _columns(columns), windows)
+    return await run_in_threadpool(
+        _slice_response, request, dataset, settings, ranges, start, stop, _columns(columns), windows
+    )
 
 
 @router.post(
@@ -213,7 +218,11 @@ async def take_rows(
             limit=settings.max_take_indices,
         )
     ranges = episode_ranges(body.episodes, settings)
+    return await run_in_threadpool(_take_response, dataset, ranges, body)
+
+
+def _take_response(dataset: Dataset, ranges: EpisodeRanges | None, body: TakeRequest) -> Response:
     windows = _windows(body.delta_timestamps, body.tolerance_s)
-    taken = await run_in_threadpool(dataset.take, ranges, body.indices, body.columns, windows)
+    taken = dataset.take(ranges, body.indices, body.columns, windows)
     headers = {"X-Total-Rows": str(taken.total_rows)}
     return _arrow_response(taken.table.schema, table_batches(taken.table), headers)
