@@ -1,0 +1,68 @@
+"""Benchmark sizes: the full mode matches the reference datasets of targets.md, the quick mode scales them down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DatasetSize:
+    """Shape of one generated LeRobot-style dataset."""
+
+    name: str
+    episodes: int
+    min_length: int
+    max_length: int
+    image_side: int | None  # side of the PNG camera image; None for a vector-only dataset
+    seed: int
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Everything a mode changes: dataset sizes and how much work each figure does."""
+
+    mode: str
+    vector: DatasetSize
+    image: DatasetSize
+    p1_rows: dict[str, int]  # contiguous range length per dataset
+    p1_repeats: int
+    p2_seconds: float  # measuring time per (peer, concurrency) cell
+    p2_batch: int
+    p3_samples: dict[str, int]  # samples drawn per loader and dataset
+    p3_batch: int
+    p7_requests: int  # episerve windowed takes of `p3_batch` samples
+    p7_lerobot_samples: int  # samples through the LeRobot-style per-sample path
+    p8_fraction: float
+
+
+FULL = Scale(
+    mode="full",
+    vector=DatasetSize("vector", episodes=1000, min_length=200, max_length=592, image_side=None, seed=1),
+    image=DatasetSize("image", episodes=300, min_length=206, max_length=600, image_side=64, seed=2),
+    p1_rows={"vector": 100_000, "image": 20_000},
+    p1_repeats=7,
+    p2_seconds=6.0,
+    p2_batch=256,
+    p3_samples={"vector": 100_000, "image": 50_000},
+    p3_batch=256,
+    p7_requests=40,
+    p7_lerobot_samples=600,
+    p8_fraction=0.10,
+)
+
+QUICK = Scale(
+    mode="quick",
+    vector=DatasetSize("vector", episodes=300, min_length=200, max_length=592, image_side=None, seed=1),
+    image=DatasetSize("image", episodes=50, min_length=206, max_length=600, image_side=64, seed=2),
+    p1_rows={"vector": 100_000, "image": 10_000},
+    p1_repeats=5,
+    p2_seconds=2.5,
+    p2_batch=256,
+    p3_samples={"vector": 30_000, "image": 10_000},
+    p3_batch=256,
+    p7_requests=15,
+    p7_lerobot_samples=200,
+    p8_fraction=0.10,
+)
+
+MODES = {"full": FULL, "quick": QUICK}

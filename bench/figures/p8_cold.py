@@ -1,0 +1,67 @@
+"""P8: cold start of a 10 % episode pick: time to the first shuffled batch of 256 samples with an empty cache.
+
+episerve: a server already running on an empty cache directory (nothing indexed, nothing converted); the clock
+covers creating `EpisodeDataset(pick)` (its length request) and fetching one random batch, which builds the
+index and the segments that batch touches. HF `datasets`: converting the pick (`from_parquet` with the
+`episode_index` filter) into an empty cache and reading the same batch, in a fresh process after imports.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bench.context import Context
+from bench.figures.picks import pick, spec, view_rows
+from bench.processes import EpiserveServer
+from bench.report import Row
+from bench.workers import run_job
+
+
+def _episerve_seconds(ctx: Context, name: str, ids: list[int], batch: list[int]) -> float:
+    import episerve
+
+    episode_dataset = episerve.EpisodeDataset  # imports torch now, not on the clock
+    cache = ctx.scratch("p8-episerve")
+    try:
+        with EpiserveServer(ctx.data_root, cache, ctx.logs, workers=2) as server:
+            started = time.perf_counter()
+            dataset = episode_dataset(server.url, name, episodes=spec(ids))
+            dataset.__getitems__(batch)
+            return time.perf_counter() - started
+    finally:
+        ctx.drop_scratch("p8-episerve")
+
+
+def run(ctx: Context) -> list[Row]:
+    rows = []
+    for name in ("vector", "image"):
+        dataset = ctx.datasets[name]
+        ids = pick(dataset.episodes, ctx.scale.p8_fraction, seed=80)
+        total = view_rows(dataset.lengths, ids)
+        batch = np.random.default_rng(81).choice(total, size=min(ctx.scale.p3_batch, total), replace=False).tolist()
+        ours = _episerve_seconds(ctx, name, ids, batch)
+        args = {
+            "root": str(ctx.data_root),
+            "dataset": name,
+            "cache_dir": str(ctx.scratch("p8-hf")),
+            "hf_home": str(ctx.workdir / "hf-home"),
+            "episodes": ids,
+            "first_batch": batch,
+        }
+        theirs, _ = run_job("hf-load", args, ctx.logs / "p8.log")
+        ctx.drop_scratch("p8-hf")
+        rows.append(
+            Row(
+                "P8",
+                f"{name}, {len(ids)} of {dataset.episodes} episodes",
+                "s to first batch",
+                ours,
+                "HF datasets (convert pick + batch)",
+                theirs["seconds"],
+                "≤ 0.5x",
+                ours <= 0.5 * theirs["seconds"],
+            )
+        )
+    return rows

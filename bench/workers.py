@@ -1,0 +1,121 @@
+"""One-shot jobs run in a fresh subprocess so their anonymous memory can be sampled on its own.
+
+Protocol: the child imports what the job needs, prints `ready`, waits for a line on stdin, runs the job, and
+prints one JSON line with its result (timings are taken inside the job, so interpreter start-up is excluded).
+The parent samples the child's RssAnon between `ready` and the result: `baseline` is the idle process, `peak`
+the highest value seen while the job ran.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.memory import RssSampler
+from bench.processes import _clean_env, app_dir
+
+
+def _episerve_build(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """Build every segment of one dataset with the server's own code, as `episerve-server warm` does."""
+    from app.catalog import Catalog
+    from app.settings import Settings
+
+    settings = Settings(roots=[Path(args["root"])], cache_dir=Path(args["cache_dir"]))
+    dataset = Catalog(settings, settings.roots).get(args["dataset"])
+
+    def run() -> dict[str, Any]:
+        start = time.perf_counter()
+        index = dataset.index()
+        for source in index.files:
+            dataset.segments.open(source, index.schema)
+        return {"seconds": time.perf_counter() - start, "segments": len(index.files)}
+
+    return run
+
+
+def _hf_load(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """HF `datasets` conversion of the dataset (or an episode pick) into an empty cache, then one batch."""
+    from bench.datasets import describe
+    from bench.peers import hf
+
+    hf.configure_offline(Path(args["hf_home"]))
+    import datasets  # noqa: F401  (imported before `ready`, so the import is not timed)
+
+    dataset = describe(Path(args["root"]), args["dataset"])
+
+    def run() -> dict[str, Any]:
+        start = time.perf_counter()
+        loaded = hf.load(dataset, Path(args["cache_dir"]), args.get("episodes")).with_format("torch")
+        converted = time.perf_counter() - start
+        batch = args.get("first_batch")
+        if batch:
+            loaded[batch]
+        return {"seconds": time.perf_counter() - start, "convert_seconds": converted, "rows": len(loaded)}
+
+    return run
+
+
+def _inram(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    from bench.peers.inram import serve_everything
+
+    def run() -> dict[str, Any]:
+        start = time.perf_counter()
+        produced = serve_everything(args["files"], args["page_rows"])
+        return {"seconds": time.perf_counter() - start, "bytes": produced}
+
+    return run
+
+
+JOBS: dict[str, Callable[[dict[str, Any]], Callable[[], dict[str, Any]]]] = {
+    "episerve-build": _episerve_build,
+    "hf-load": _hf_load,
+    "inram": _inram,
+}
+
+
+def run_job(job: str, args: dict[str, Any], log_path: Path) -> tuple[dict[str, Any], RssSampler]:
+    """Run `job` in a subprocess; its JSON result and the RssAnon sampled while it ran."""
+    command = [sys.executable, "-m", "bench.workers", job, json.dumps(args)]
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(
+            command,
+            cwd=app_dir(),
+            env=_clean_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        if child.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"job {job} failed to start: see {log_path}")
+        with RssSampler(child.pid, interval_s=0.01) as sampler:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            line = child.stdout.readline()
+        child.wait(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if not line:
+        raise RuntimeError(f"job {job} failed: see {log_path}")
+    return json.loads(line), sampler
+
+
+def main() -> None:
+    job, args = sys.argv[1], json.loads(sys.argv[2])
+    run = JOBS[job](args)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    print(json.dumps(run()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
