@@ -28,6 +28,8 @@ from app.views import EpisodeView
 from app.windows import PAD_SUFFIX, WindowRequest, WindowSpec, as_windows, pad_column, parse_windows, window_targets
 
 _ATTEMPTS = 3
+_ROW_SLICE_MAX = 4096  # up to this many wide rows, gather by per-row slices (see _gather_row_slices)
+_WIDE_ROW_BYTES = 2048
 T = TypeVar("T")
 
 
@@ -192,6 +194,10 @@ class Dataset:
         schema = project(index.schema, names)
         if len(rows) == 0:
             return schema.empty_table()
+        if len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
+            first = self.segments.open(index.files[int(files[0])], index.schema)
+            if first.row_bytes(names) >= _WIDE_ROW_BYTES:
+                return self._gather_row_slices(index, files, stored, names, schema)
         order = np.lexsort((stored, files))
         pieces: list[pa.RecordBatch] = []
         bounds = np.flatnonzero(np.diff(files[order])) + 1
@@ -201,6 +207,18 @@ class Dataset:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return pa.Table.from_batches(pieces, schema=schema).take(pa.array(inverse))
+
+    def _gather_row_slices(
+        self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray, names: list[str] | None, schema: pa.Schema
+    ) -> pa.Table:
+        """Wide rows (images, strings) in request order: one zero-copy slice per row, then a single copy.
+
+        Taking per stored batch and then reordering would copy every wide value twice; for the few hundred rows
+        of a training batch, slicing row by row is the cheaper path.
+        """
+        segments = {int(f): self.segments.open(index.files[int(f)], index.schema) for f in np.unique(files)}
+        pieces = [segments[f].row(r, names) for f, r in zip(files.tolist(), stored.tolist(), strict=True)]
+        return pa.Table.from_batches([pa.concat_batches(pieces)], schema=schema)
 
     def _window_spec(self, index: EpisodeIndex, windows: WindowRequest | None) -> WindowSpec | None:
         if windows is None:
@@ -279,6 +297,28 @@ def check_columns(schema: pa.Schema, columns: list[str] | None) -> list[str] | N
     if duplicated:
         raise InvalidRequest(f"columns listed more than once: {', '.join(map(repr, duplicated))}")
     return columns
+
+
+def has_variable_width(schema: pa.Schema) -> bool:
+    """Whether any column holds variable-width values (binary, strings, variable lists), at any depth."""
+    return any(_variable_width(field.type) for field in schema)
+
+
+def _variable_width(kind: pa.DataType) -> bool:
+    if pa.types.is_fixed_size_list(kind):
+        return _variable_width(kind.value_type)
+    if pa.types.is_struct(kind):
+        return any(_variable_width(kind.field(i).type) for i in range(kind.num_fields))
+    return (
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_list(kind)
+        or pa.types.is_large_list(kind)
+        or pa.types.is_binary_view(kind)
+        or pa.types.is_string_view(kind)
+    )
 
 
 def with_window_columns(columns: list[str] | None, spec: WindowSpec | None) -> list[str] | None:

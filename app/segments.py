@@ -3,16 +3,18 @@
 Guarantees, kept by the code below:
 - Building streams record batches from the parquet file, so peak memory is about one batch, whatever the size
   of the file.
-- Publishing is atomic: write `<name>.arrow.tmp`, fsync, drop the old sidecar, rename into place, then write the
-  sidecar (itself atomically). A segment is served only when its sidecar matches the file on disk (size, rows,
-  schema) and the current source fingerprint; anything else is deleted and rebuilt. A crash at any moment
-  therefore leaves at worst a stray `.tmp` or a segment without a sidecar, neither of which is ever served.
+- Publishing is atomic: write `<name>.arrow.tmp` (fsync'd unless segments are checksummed on open), drop the old
+  sidecar, rename into place, then write the sidecar (itself atomically, fsync'd). A segment is served only when
+  its sidecar matches the file on disk (size, rows, schema) and the current source fingerprint; anything else is
+  deleted and rebuilt. A crash at any moment therefore leaves at worst a stray `.tmp` or a segment without a
+  sidecar, neither of which is ever served.
 - Each segment is built once: a file lock across processes, a lock per segment across threads (single-flight).
 - Open segments live in a bounded LRU of memory maps, so huge datasets cannot exhaust file descriptors.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import mmap
@@ -21,7 +23,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +56,10 @@ class Segment:
     batches: list[pa.RecordBatch]
     batch_offsets: np.ndarray  # row offset of each batch, plus the total at the end
     nbytes: int
+    _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._offsets_list = self.batch_offsets.tolist()
 
     @property
     def num_rows(self) -> int:
@@ -69,6 +75,28 @@ class Segment:
             yield piece.select(columns) if columns is not None else piece
             start = end
             number += 1
+
+    def row(self, row: int, columns: list[str] | None = None) -> pa.RecordBatch:
+        """One stored row as a zero-copy, one-row slice."""
+        number = bisect.bisect_right(self._offsets_list, row) - 1
+        return self.projected(columns)[number].slice(row - self._offsets_list[number], 1)
+
+    def projected(self, columns: list[str] | None) -> list[pa.RecordBatch]:
+        """The stored batches restricted to `columns` (zero-copy; remembered per selection)."""
+        if columns is None:
+            return self.batches
+        key = tuple(columns)
+        batches = self._projections.get(key)
+        if batches is None:
+            if len(self._projections) >= 16:
+                self._projections.clear()
+            batches = self._projections[key] = [b.select(columns) for b in self.batches]
+        return batches
+
+    def row_bytes(self, columns: list[str] | None = None) -> float:
+        """Average stored bytes per row of the selected columns."""
+        batches = self.projected(columns)
+        return sum(b.nbytes for b in batches) / max(1, self.num_rows)
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> list[pa.RecordBatch]:
         """Rows at the given positions (ascending), gathered batch by batch so no whole column is touched."""
@@ -366,7 +394,10 @@ class SegmentStore:
                     if progress is not None:
                         progress(batch.num_rows, batch.nbytes)
             with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
+                if not self.verify_on_open:
+                    # Verified segments need no fsync: after a power loss the checksum check on open catches
+                    # whatever did not reach the disk, and the segment is rebuilt.
+                    os.fsync(handle.fileno())
                 nbytes = os.fstat(handle.fileno()).st_size
             checksum = file_checksum(tmp)
         except (OSError, pa.ArrowException) as exc:
@@ -389,13 +420,13 @@ def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     if batch.schema.equals(schema, check_metadata=False):
         return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
     arrays = []
-    for field in schema:
-        index = batch.schema.get_field_index(field.name)
+    for target in schema:
+        index = batch.schema.get_field_index(target.name)
         if index < 0:
-            arrays.append(pa.nulls(batch.num_rows, field.type))
+            arrays.append(pa.nulls(batch.num_rows, target.type))
         else:
             column = batch.column(index)
-            arrays.append(column if column.type == field.type else column.cast(field.type))
+            arrays.append(column if column.type == target.type else column.cast(target.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
