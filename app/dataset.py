@@ -18,11 +18,12 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from app.cold_reads import ParquetRows
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable
 from app.layouts import Layout, read_layout
-from app.segments import SegmentLRU, SegmentStore, SourceChanged
+from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
 from app.settings import Settings
 from app.views import EpisodeView
 from app.windows import PAD_SUFFIX, WindowRequest, WindowSpec, as_windows, pad_column, parse_windows, window_targets
@@ -190,34 +191,77 @@ class Dataset:
     def _gather(self, index: EpisodeIndex, view: EpisodeView, rows: np.ndarray, names: list[str] | None) -> pa.Table:
         """View rows (in range) in the given order: sorted by segment and batch, taken, then put back in order."""
         files, stored = view.locate(rows)
-        self._ensure_fresh(index, set(np.unique(files).tolist()))
+        touched = set(np.unique(files).tolist())
+        self._ensure_fresh(index, touched)
         schema = project(index.schema, names)
         if len(rows) == 0:
             return schema.empty_table()
-        if len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
-            first = self.segments.open(index.files[int(files[0])], index.schema)
+        sources = self._row_sources(index, files, stored)
+        segments_only = all(isinstance(s, Segment) for s in sources.values())
+        if segments_only and len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
+            first = sources[int(files[0])]
             if first.row_bytes(names) >= _WIDE_ROW_BYTES:
-                return self._gather_row_slices(index, files, stored, names, schema)
+                return self._gather_row_slices(sources, files, stored, names, schema)
         order = np.lexsort((stored, files))
         pieces: list[pa.RecordBatch] = []
         bounds = np.flatnonzero(np.diff(files[order])) + 1
         for group in np.split(order, bounds):
-            segment = self.segments.open(index.files[int(files[group[0]])], index.schema)
-            pieces.extend(segment.take(stored[group], names))
+            source = sources[int(files[group[0]])]
+            if isinstance(source, Segment):
+                pieces.extend(source.take(stored[group], names))
+            else:
+                pieces.extend(self._cold_take(index, source, stored[group], names).to_batches())
+        if not segments_only:
+            self._ensure_fresh(index, touched)  # the parquet files read must not have changed meanwhile
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return pa.Table.from_batches(pieces, schema=schema).take(pa.array(inverse))
 
+    def _row_sources(
+        self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray
+    ) -> dict[int, Segment | ParquetRows]:
+        """Per touched file, its segment; or, while the segment is not built yet, its parquet row groups (if they
+        fit the cold-read budget) with a build queued in the background."""
+        budget = self.limits.cold_read_bytes
+        sources: dict[int, Segment | ParquetRows] = {}
+        for number in np.unique(files).tolist():
+            source = index.files[number]
+            segment = self.segments.open_if_built(source, index.schema) if budget else None
+            if segment is None and budget:
+                try:
+                    parquet = ParquetRows(self.path / source.path)
+                except (OSError, pa.ArrowException) as exc:
+                    raise SourceChanged(source.path) from exc
+                cost = parquet.row_group_bytes(stored[files == number])
+                if cost <= budget:
+                    budget -= cost
+                    sources[number] = parquet
+                    self.segments.build_in_background(source, index.schema)
+                    continue
+            sources[number] = segment or self.segments.open(source, index.schema)
+        return sources
+
+    @staticmethod
+    def _cold_take(index: EpisodeIndex, parquet: ParquetRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+        try:
+            return parquet.take(rows, index.schema, names)
+        except (OSError, IndexError, pa.ArrowException) as exc:  # the file changed under us: reload, retry
+            raise SourceChanged(str(parquet.path)) from exc
+
     def _gather_row_slices(
-        self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray, names: list[str] | None, schema: pa.Schema
+        self,
+        sources: dict[int, Segment | ParquetRows],
+        files: np.ndarray,
+        stored: np.ndarray,
+        names: list[str] | None,
+        schema: pa.Schema,
     ) -> pa.Table:
         """Wide rows (images, strings) in request order: one zero-copy slice per row, then a single copy.
 
         Taking per stored batch and then reordering would copy every wide value twice; for the few hundred rows
         of a training batch, slicing row by row is the cheaper path.
         """
-        segments = {int(f): self.segments.open(index.files[int(f)], index.schema) for f in np.unique(files)}
-        pieces = [segments[f].row(r, names) for f, r in zip(files.tolist(), stored.tolist(), strict=True)]
+        pieces = [sources[f].row(r, names) for f, r in zip(files.tolist(), stored.tolist(), strict=True)]
         return pa.Table.from_batches([pa.concat_batches(pieces)], schema=schema)
 
     def _window_spec(self, index: EpisodeIndex, windows: WindowRequest | None) -> WindowSpec | None:

@@ -15,6 +15,7 @@ Guarantees, kept by the code below:
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import logging
 import mmap
@@ -23,6 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -202,6 +204,7 @@ class SegmentStore:
         self.builds = 0  # segments this process converted (for tests and status)
         self.building: dict[str, BuildProgress] = {}
         self._paths: dict[str, _SegmentPaths] = {}
+        self._queued: set[str] = set()
         self._flights: dict[str, threading.Lock] = {}
         self._flights_lock = threading.Lock()
 
@@ -240,6 +243,44 @@ class SegmentStore:
                 segment = self._build(paths, source, schema, progress)
             self.lru.put(key, segment)
             return segment
+
+    def open_if_built(self, source: SourceFingerprint, schema: pa.Schema) -> Segment | None:
+        """The segment if it is open or valid on disk; None (without waiting) if it still has to be built."""
+        paths = self.paths(source.path)
+        key = str(paths.arrow)
+        segment = self.lru.get(key, source)
+        if segment is not None:
+            metrics.CACHE_HITS.inc()
+            return segment
+        flight = self._flight(key)
+        if not flight.acquire(blocking=False):
+            return None  # being built by this process right now
+        try:
+            segment = self._open_valid(paths, source, schema, self.verify_on_open)
+            if segment is not None:
+                metrics.CACHE_MISSES.inc()
+                self.lru.put(key, segment)
+            return segment
+        finally:
+            flight.release()
+
+    def build_in_background(self, source: SourceFingerprint, schema: pa.Schema) -> None:
+        """Queue a build of the segment (once; failures are logged and retried by the next request)."""
+        with self._flights_lock:
+            if source.path in self._queued:
+                return
+            self._queued.add(source.path)
+
+        def build() -> None:
+            try:
+                self.open(source, schema)
+            except Exception:
+                log.exception("background build of %s failed", source.path)
+            finally:
+                with self._flights_lock:
+                    self._queued.discard(source.path)
+
+        _background_builds().submit(build)
 
     def verify(self, source: SourceFingerprint, schema: pa.Schema) -> str | None:
         """None if the segment on disk is sound (or absent), else what is wrong with it."""
@@ -413,6 +454,12 @@ class SegmentStore:
             unchanged = False
         if not unchanged:
             raise SourceChanged(f"{source.path} changed")
+
+
+@functools.cache
+def _background_builds() -> ThreadPoolExecutor:
+    """One builder thread per process: background builds queue up instead of competing for the CPU."""
+    return ThreadPoolExecutor(1, thread_name_prefix="episerve-build")
 
 
 def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

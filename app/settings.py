@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     max_window_values: int = Field(
         10_000_000, ge=1, description="Rows x offsets one windowed request may gather (per column)."
     )
+    cold_read_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="Row-group bytes a take may decode straight from parquet while its segment builds (0: wait).",
+    )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
         8 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."

@@ -130,7 +130,7 @@ def test_concurrent_requests_in_one_process_share_one_build(tmp_path: Path) -> N
 
     root = tmp_path / "root"
     write_demo_dataset(root / "demo", episodes=20, files=1)
-    dataset = make_catalog(root, tmp_path / "cache").get("demo")
+    dataset = make_catalog(root, tmp_path / "cache", cold_read_bytes=0).get("demo")
     with ThreadPoolExecutor(8) as pool:
         sizes = list(pool.map(lambda _: len(dataset.take(None, [0, 5, 9], ["index"]).table), range(16)))
     assert sizes == [3] * 16
@@ -208,3 +208,29 @@ def test_source_files_with_dots_in_their_names_get_distinct_segments(tmp_path: P
     selected = dataset.read_slice(None, 0, None, None, 10**9)
     assert pa.Table.from_batches(selected.batches, selected.schema)["value"].to_pylist() == [0, 1, 10, 11, 20, 21]
     assert len(cache_files(tmp_path / "cache", "segments/*.arrow")) == 3
+
+
+def test_cold_take_reads_row_groups_and_builds_the_segment_in_the_background(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=30, files=2)
+    dataset = make_catalog(root, tmp_path / "cache").get("demo")
+    view = oracle(root / "demo", [3, 17, 25])
+    indices = [view.num_rows - 1, 0, 5, 5, view.num_rows // 2]
+    first = dataset.take([(3, 3), (17, 17), (25, 25)], indices, None).table
+    assert_tables_equal(first, view.take(pa.array(indices)))
+    deadline = time.monotonic() + 30
+    while dataset.cache_status()["segments_built"] < 2:  # both files were touched: both get built
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    again = dataset.take([(3, 3), (17, 17), (25, 25)], indices, ["index", "action"]).table
+    assert_tables_equal(again, view.take(pa.array(indices)).select(["index", "action"]))
+    assert dataset.segments.builds == 2
+
+
+def test_cold_reads_over_budget_wait_for_the_build(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=10, files=1)
+    dataset = make_catalog(root, tmp_path / "cache", cold_read_bytes=1).get("demo")
+    view = oracle(root / "demo", None)
+    assert_tables_equal(dataset.take(None, [7, 1], None).table, view.take(pa.array([7, 1])))
+    assert dataset.segments.builds == 1  # built synchronously: the row groups exceeded the budget
