@@ -28,7 +28,7 @@ from app.layouts import EpisodeRun, Layout, episode_runs_from_metadata
 if TYPE_CHECKING:
     from app.views import EpisodeView
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -179,12 +179,22 @@ def _unified_schema(
     distinct: dict[str, pa.Schema] = {}
     for fp in files:
         distinct.setdefault(fp.schema_hash, schemas[fp.path])
-    if len(distinct) == 1:
-        return next(iter(distinct.values()))
     try:
-        return pa.unify_schemas(list(distinct.values()), promote_options="permissive")
+        unified = next(iter(distinct.values()))
+        if len(distinct) > 1:
+            unified = pa.unify_schemas(list(distinct.values()), promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise DatasetError(f"source files have incompatible schemas: {exc}") from exc
+    return _without_dictionaries(unified)
+
+
+def _without_dictionaries(schema: pa.Schema) -> pa.Schema:
+    """Dictionary-encoded columns (pandas categoricals) become plain columns of their values, so every response
+    is a self-contained stream of record batches."""
+    fields = [
+        field.with_type(field.type.value_type) if pa.types.is_dictionary(field.type) else field for field in schema
+    ]
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def _scan_episode_column(

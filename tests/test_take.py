@@ -53,3 +53,15 @@ def test_wide_take_equals_oracle_in_request_order(wide: tuple[Path, Catalog], da
     taken = dataset.take(ranges, indices, columns).table
     expected = view.take(pa.array(indices))
     assert_tables_equal(taken, expected if columns is None else expected.select(columns))
+
+
+def test_dictionary_encoded_columns_are_served_as_plain_values(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "categorical").mkdir(parents=True)
+    labels = pa.array(["pick", "place", "pick", "push"]).dictionary_encode()
+    pq.write_table(pa.table({"episode_index": [0, 0, 1, 1], "label": labels}), root / "categorical" / "a.parquet")
+    dataset = Catalog(Settings(roots=[root], cache_dir=tmp_path / "cache"), [root]).get("categorical")
+    assert dataset.index().schema.field("label").type == pa.string()
+    selected = dataset.read_slice([(1, 1)], 0, None, None, 100)
+    assert pa.Table.from_batches(selected.batches, selected.schema)["label"].to_pylist() == ["pick", "push"]
+    assert dataset.take(None, [3, 0], ["label"]).table["label"].to_pylist() == ["push", "pick"]
