@@ -230,9 +230,8 @@ class SegmentStore:
         """The validated segment of `source`, built first if missing, stale or damaged."""
         paths = self.paths(source.path)
         key = str(paths.arrow)
-        segment = self.lru.get(key, source)
+        segment = self._open_segment(key, source)
         if segment is not None:
-            metrics.CACHE_HITS.inc()
             return segment
         with self._flight(key):
             segment = self.lru.get(key, source)
@@ -248,9 +247,8 @@ class SegmentStore:
         """The segment if it is open or valid on disk; None (without waiting) if it still has to be built."""
         paths = self.paths(source.path)
         key = str(paths.arrow)
-        segment = self.lru.get(key, source)
+        segment = self._open_segment(key, source)
         if segment is not None:
-            metrics.CACHE_HITS.inc()
             return segment
         flight = self._flight(key)
         if not flight.acquire(blocking=False):
@@ -263,6 +261,13 @@ class SegmentStore:
             return segment
         finally:
             flight.release()
+
+    def _open_segment(self, key: str, source: SourceFingerprint) -> Segment | None:
+        """The segment from the LRU of open memory maps, counted as a cache hit."""
+        segment = self.lru.get(key, source)
+        if segment is not None:
+            metrics.CACHE_HITS.inc()
+        return segment
 
     def build_in_background(self, source: SourceFingerprint, schema: pa.Schema) -> None:
         """Queue a build of the segment (once; failures are logged and retried by the next request)."""
