@@ -1,8 +1,9 @@
 """`Client`: the HTTP API as Python calls returning `pyarrow.Table`s and plain dicts.
 
 One keep-alive `httpx.Client` per process (recreated after `fork`, so DataLoader workers never share a socket with
-their parent), retries bounded in attempts and time, Arrow bodies read at socket speed, and large slices or takes
-split into pages the server accepts.
+their parent), plus, for the Arrow data requests to `http://` servers, a keep-alive raw-socket transport
+(`_socket.SocketPool`, also per process) that costs a fraction of httpx's CPU per request. Retries are bounded in
+attempts and time and shared by both transports; large slices or takes are split into pages the server accepts.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 import httpx
 import numpy as np
@@ -24,6 +26,7 @@ from episerve._arrow import ARROW_STREAM, ArrowBody, read_arrow
 from episerve._episodes import Episodes, episode_spec
 from episerve._errors import ConnectionFailed, EpiserveError, ServerError, TooLarge, server_error
 from episerve._retry import RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
+from episerve._socket import RawResponse, SocketPool
 
 __version__ = "0.1.0"
 
@@ -34,6 +37,7 @@ _PAGE_ROWS = 1_000_000  # the server's default `max_rows_per_response`
 _TAKE_INDICES = 100_000  # the server's default `max_take_indices`
 _MAX_SPEC_IN_URL = 4000  # longer episode specs travel in a POST /rows body instead of the query string
 _LIMIT_IN_DETAIL = re.compile(r"limit is (\d+)")
+_USER_AGENT = f"episerve-client/{__version__}"
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class Client:
         self._page_rows = _PAGE_ROWS
         self._take_indices = _TAKE_INDICES
         self._http: httpx.Client | None = None
+        self._sockets: SocketPool | None = None
         self._pid = 0
 
     def __repr__(self) -> str:
@@ -219,7 +224,7 @@ class Client:
         columns: Sequence[str] | None = None,
         delta_timestamps: DeltaTimestamps | None = None,
         tolerance_s: float | None = None,
-    ) -> tuple[httpx.Headers, ArrowBody]:
+    ) -> tuple[Mapping[str, str], ArrowBody]:
         """One `/rows` request: GET with a query, or POST with a body when the episode list is too long for a URL."""
         params = _params(spec, start, stop, columns, delta_timestamps, tolerance_s)
         if spec is not None and len(spec) > _MAX_SPEC_IN_URL:
@@ -243,17 +248,30 @@ class Client:
         params: dict[str, Any] | None = None,
         body: Any = None,
         arrow: bool = False,
-    ) -> tuple[httpx.Headers, Any]:
-        """Send with retries; the response headers and its decoded body (JSON, or an `ArrowBody`)."""
+    ) -> tuple[Mapping[str, str], Any]:
+        """Send with retries; the response headers and its decoded body (JSON, or an `ArrowBody`).
+
+        Arrow requests to `http://` servers go over the raw-socket transport, everything else over httpx.
+        """
         headers = {"Accept": ARROW_STREAM, "Accept-Encoding": "identity"} if arrow else None
+        sockets = self._socket_pool() if arrow else None
+        prepared = None if sockets is None else self._raw_request(method, path, params, body)
         budget = RetryBudget(self.retries)
         while True:
             try:
-                with self._client().stream(method, path, params=params, json=body, headers=headers) as response:
-                    if response.status_code < 400:
-                        return response.headers, self._decode(response, arrow)
-                    error = _error(response)
-                    retry_after = parse_retry_after(response.headers.get("retry-after"))
+                if sockets is not None and prepared is not None:  # the raw-socket transport
+                    request, url = prepared
+                    raw = sockets.request(request)
+                    if raw.status < 400:
+                        return raw.headers, _decode_raw(raw, url)
+                    error = _raw_error(raw, method, url)
+                    retry_after = parse_retry_after(raw.headers.get("retry-after"))
+                else:
+                    with self._client().stream(method, path, params=params, json=body, headers=headers) as response:
+                        if response.status_code < 400:
+                            return response.headers, self._decode(response, arrow)
+                        error = _error(response)
+                        retry_after = parse_retry_after(response.headers.get("retry-after"))
                 if error.status not in RETRY_STATUSES:
                     raise error
                 wait = budget.next_wait(retry_after)
@@ -281,24 +299,65 @@ class Client:
             raise EpiserveError(f"expected an Arrow stream from {response.request.url}, got {media or 'no type'!r}")
         return read_arrow(response)
 
+    def _raw_request(self, method: str, path: str, params: dict[str, Any] | None, body: Any) -> tuple[bytes, str]:
+        """The complete HTTP/1.1 request (head and JSON body) for the socket transport, and its URL."""
+        parts = urlsplit(self.url)
+        target = parts.path + path
+        url = self.url + path
+        if params:
+            query = urlencode(params)
+            target, url = f"{target}?{query}", f"{url}?{query}"
+        head = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}", f"User-Agent: {_USER_AGENT}"]
+        head += [f"Accept: {ARROW_STREAM}", "Accept-Encoding: identity"]
+        if self.token:
+            head.append(f"Authorization: Bearer {self.token}")
+        content = b""
+        if body is not None:
+            content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            head += ["Content-Type: application/json", f"Content-Length: {len(content)}"]
+        elif method != "GET":
+            head.append("Content-Length: 0")
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + content, url
+
+    def _socket_pool(self) -> SocketPool | None:
+        """This process's raw-socket transport, or None where httpx must carry the request (https, proxies)."""
+        if self._pid == os.getpid():
+            if self._sockets is not None:
+                return self._sockets
+        else:
+            self._reset_for_this_process()
+        parts = urlsplit(self.url)
+        if parts.scheme != "http" or parts.hostname is None or _proxied(parts.hostname):
+            return None
+        self._sockets = SocketPool(parts.hostname, parts.port or 80, self.timeout)
+        return self._sockets
+
     def _client(self) -> httpx.Client:
         http = self._http
         if http is not None and self._pid == os.getpid():
             return http
-        # A forked child must not touch its parent's sockets: leave the inherited client alone (closing it could
-        # disturb the parent's connections) and open fresh ones.
-        headers = {"User-Agent": f"episerve-client/{__version__}"}
+        if self._pid != os.getpid():
+            self._reset_for_this_process()
+        headers = {"User-Agent": _USER_AGENT}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout)
-        self._http, self._pid = http, os.getpid()
+        self._http = http
         return http
+
+    def _reset_for_this_process(self) -> None:
+        # A forked child must not touch its parent's sockets: leave the inherited connections alone (closing them
+        # could disturb the parent's) and open fresh ones.
+        self._http, self._sockets, self._pid = None, None, os.getpid()
 
     def close(self) -> None:
         """Close this process's connections (the client reconnects if used again)."""
-        if self._http is not None and self._pid == os.getpid():
-            self._http.close()
-        self._http = None
+        if self._pid == os.getpid():
+            if self._http is not None:
+                self._http.close()
+            if self._sockets is not None:
+                self._sockets.close()
+        self._http, self._sockets = None, None
 
     def __enter__(self) -> Client:
         return self
@@ -308,8 +367,30 @@ class Client:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_http"], state["_pid"] = None, 0
+        state["_http"], state["_sockets"], state["_pid"] = None, None, 0
         return state
+
+
+def _proxied(host: str) -> bool:
+    """Whether httpx would route plain-http requests to `host` through a proxy from the environment."""
+    proxies = getproxies()
+    return bool(proxies.get("http") or proxies.get("all")) and not proxy_bypass(host)
+
+
+def _decode_raw(response: RawResponse, url: str) -> ArrowBody:
+    media = response.headers.get("content-type", "").split(";")[0].strip()
+    if media != ARROW_STREAM:
+        raise EpiserveError(f"expected an Arrow stream from {url}, got {media or 'no type'!r}")
+    return ArrowBody(pa.ipc.open_stream(response.body).read_all(), response.body)
+
+
+def _raw_error(response: RawResponse, method: str, url: str) -> ServerError:
+    raw = response.body.to_pybytes()
+    try:
+        body: Any = json.loads(raw)
+    except ValueError:
+        body = raw.decode("utf-8", "replace").strip()
+    return server_error(response.status, body, reason=response.reason, method=method, url=url)
 
 
 def _path(dataset_id: str, suffix: str = "") -> str:

@@ -87,30 +87,36 @@ def test_token_is_sent_as_bearer_and_defaults_from_the_environment(
 ) -> None:
     with pytest.raises(episerve.Unauthorized), episerve.Client(limited_server.url, token="wrong") as client:
         client.datasets()
+    with pytest.raises(episerve.Unauthorized), episerve.Client(limited_server.url, token="wrong") as client:
+        client.take(DEMO, [0], columns=["index"])  # the Arrow requests' socket transport
     monkeypatch.setenv("EPISERVE_TOKEN", "s3cret")
     with episerve.Client(limited_server.url) as client:
         assert client.datasets()
+        assert client.take(DEMO, [1, 0], columns=["index"])["index"].to_pylist() == [1, 0]
 
 
-def _use_inherited_client(client: episerve.Client, parent_http_id: int, queue: multiprocessing.Queue) -> None:
+def _use_inherited_client(client: episerve.Client, parent_ids: tuple[int, int], queue: multiprocessing.Queue) -> None:
     rows = client.rows(DEMO, start=0, stop=5, columns=["index"])["index"].to_pylist()
-    queue.put((rows, id(client._http) != parent_http_id))
+    client.datasets()
+    queue.put((rows, id(client._http) not in parent_ids and id(client._sockets) not in parent_ids))
 
 
 def test_forked_child_opens_its_own_connection_and_parent_keeps_working(url: str) -> None:
     client = episerve.Client(url)
-    assert client.rows(DEMO, stop=3, columns=["index"]).num_rows == 3  # the parent's connection is open
-    parent_http = client._http
+    assert client.rows(DEMO, stop=3, columns=["index"]).num_rows == 3  # the parent's socket connection is open
+    assert client.datasets()  # and its httpx one
+    parent_http, parent_sockets = client._http, client._sockets
+    assert parent_http is not None and parent_sockets is not None
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    child = context.Process(target=_use_inherited_client, args=(client, id(parent_http), queue))
+    child = context.Process(target=_use_inherited_client, args=(client, (id(parent_http), id(parent_sockets)), queue))
     child.start()
     rows, fresh = queue.get(timeout=30)
     child.join(timeout=10)
     assert child.exitcode == 0
     assert rows == [0, 1, 2, 3, 4]
-    assert fresh, "the child reused the parent's httpx client"
-    assert client._http is parent_http
+    assert fresh, "the child reused the parent's connections"
+    assert client._http is parent_http and client._sockets is parent_sockets
     assert client.take(DEMO, [4, 2], columns=["index"])["index"].to_pylist() == [4, 2]
     client.close()
 
@@ -121,7 +127,7 @@ def test_client_pickles_without_its_connections(url: str) -> None:
     client = episerve.Client(url, token="t", retries=3)
     client.datasets()
     copy = pickle.loads(pickle.dumps(client))
-    assert copy._http is None and copy.token == "t" and copy.retries.attempts == 3
+    assert copy._http is None and copy._sockets is None and copy.token == "t" and copy.retries.attempts == 3
     assert copy.datasets() == client.datasets()
 
 
