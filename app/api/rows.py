@@ -1,7 +1,8 @@
-"""Row endpoints: a contiguous slice of a view (`GET /rows`) and rows by view index (`POST /rows/take`).
+"""Row endpoints: a contiguous slice of a view (`GET`/`POST /rows`) and rows by view index (`POST /rows/take`).
 
-Both answer with an Arrow IPC stream whose exact length is sent as Content-Length; the batches stream from the
-memory-mapped segments, one serialised batch at a time, off the event loop.
+All answer with an Arrow IPC stream of exact Content-Length. The work runs in one thread-pool call per request;
+small bodies go out in one piece, large ones stream from the memory-mapped segments one serialised batch at a
+time.
 """
 
 from __future__ import annotations
@@ -37,14 +38,11 @@ DeltaTimestamps = dict[str, list[StrictInt | StrictFloat]]
 _DELTA_TIMESTAMPS = TypeAdapter(DeltaTimestamps)
 
 
-class TakeRequest(BaseModel):
-    """Rows by position in the view of `episodes` (all episodes when absent)."""
+class RowSelection(BaseModel):
+    """What every row request selects: episodes, columns and optional temporal windows."""
 
     model_config = ConfigDict(extra="forbid")
 
-    indices: list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] = Field(
-        description="View row positions; order is kept and duplicates are allowed."
-    )
     episodes: str | list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] | None = Field(
         None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
     )
@@ -57,19 +55,19 @@ class TakeRequest(BaseModel):
     tolerance_s: float = Field(DEFAULT_TOLERANCE_S, ge=0, description="How far offsets may be off the 1/fps grid.")
 
 
-class SliceRequest(BaseModel):
+class TakeRequest(RowSelection):
+    """Rows by position in the view of `episodes` (all episodes when absent)."""
+
+    indices: list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] = Field(
+        description="View row positions; order is kept and duplicates are allowed."
+    )
+
+
+class SliceRequest(RowSelection):
     """A contiguous slice of the view of `episodes`, as GET /rows takes it in its query."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    episodes: str | list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] | None = Field(
-        None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
-    )
     start: StrictInt = Field(0, ge=0, le=_MAX_ROW, description="First view row (inclusive).")
     stop: StrictInt | None = Field(None, ge=0, le=_MAX_ROW, description="End view row (exclusive); clamped.")
-    columns: list[str] | None = Field(None, description="Columns to return, in this order; absent means all.")
-    delta_timestamps: DeltaTimestamps | None = Field(None, description="LeRobot temporal windows, as in take.")
-    tolerance_s: float = Field(DEFAULT_TOLERANCE_S, ge=0, description="How far offsets may be off the 1/fps grid.")
 
 
 def episode_ranges(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
