@@ -27,6 +27,15 @@ def encode_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> Itera
     yield memoryview(END_OF_STREAM)
 
 
+def encode_stream_at_once(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> memoryview:
+    """The whole IPC stream in one buffer, written in place (one copy of the data)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return memoryview(sink.getvalue())
+
+
 def table_batches(table: pa.Table) -> list[pa.RecordBatch]:
     """A table's record batches (empty tables yield none)."""
     return [b for b in table.to_batches() if b.num_rows]

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         roots = await run_in_threadpool(resolve_roots, settings)
+        app.state.read_limiter = anyio.CapacityLimiter(settings.max_concurrent_reads)
         app.state.catalog = await run_in_threadpool(Catalog, settings, roots)
         log.info("serving %d datasets from %s", len(app.state.catalog.ids()), ", ".join(map(str, roots)))
         yield

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
         ge=0,
         description="Row-group bytes a take may decode straight from parquet while its segment builds (0: wait).",
     )
+    max_concurrent_reads: int = Field(
+        8, ge=1, le=1024, description="Row reads one worker runs at once; more wait (bounds memory under load)."
+    )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
         8 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -11,6 +16,8 @@ from app.auth import TokenCheck, TokenVerifier
 from app.catalog import Catalog
 from app.dataset import Dataset
 from app.settings import Settings
+
+T = TypeVar("T")
 
 # Dependencies are `async def` although they do not await: FastAPI would run plain `def` ones in the thread
 # pool, one thread hop each, which costs more than their work on every request.
@@ -50,6 +57,13 @@ def check_token(request: Request) -> None:
 
 async def get_dataset(dataset_id: str, request: Request) -> Dataset:
     return catalog_of(request).get(dataset_id)
+
+
+async def run_read(request: Request, function: Callable[..., T], *args: Any) -> T:
+    """Run a row read in the thread pool, at most `max_concurrent_reads` at once per worker: beyond that,
+    requests wait their turn instead of each holding its response's buffers at the same time."""
+    limiter = request.app.state.read_limiter
+    return await anyio.to_thread.run_sync(functools.partial(function, *args), limiter=limiter)
 
 
 async def read_json_body(request: Request, model: type[BaseModel], max_bytes: int) -> BaseModel:

@@ -14,11 +14,16 @@ import pyarrow as pa
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, TypeAdapter, ValidationError
-from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import get_dataset, get_settings, read_json_body
+from app.api.deps import get_dataset, get_settings, read_json_body, run_read
 from app.api.problems import ProblemException
-from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, encode_stream, stream_size, table_batches
+from app.arrow_stream import (
+    ARROW_STREAM_MEDIA_TYPE,
+    encode_stream,
+    encode_stream_at_once,
+    stream_size,
+    table_batches,
+)
 from app.dataset import Dataset
 from app.episode_spec import EpisodeRanges, format_ranges, parse_episode_spec, ranges_from_ids
 from app.settings import Settings
@@ -108,8 +113,7 @@ def _arrow_response(schema: pa.Schema, batches: list[pa.RecordBatch], headers: d
     size = stream_size(schema, batches)
     headers = {**headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
     if size <= _SINGLE_PIECE_BYTES:
-        body = b"".join(encode_stream(schema, batches))
-        return Response(body, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+        return Response(encode_stream_at_once(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
     headers["Content-Length"] = str(size)
     return StreamingResponse(encode_stream(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
 
@@ -135,8 +139,8 @@ async def read_rows(
 ) -> Response:
     ranges = episode_ranges(episodes, settings)
     windows = _windows(_parse_delta_timestamps(delta_timestamps), tolerance_s)
-    return await run_in_threadpool(
-        _slice_response, request, dataset, settings, ranges, start, stop, _columns(columns), windows
+    return await run_read(
+        request, _slice_response, request, dataset, settings, ranges, start, stop, _columns(columns), windows
     )
 
 
@@ -158,8 +162,8 @@ async def read_rows_with_body(
     assert isinstance(body, SliceRequest)
     ranges = episode_ranges(body.episodes, settings)
     windows = _windows(body.delta_timestamps, body.tolerance_s)
-    return await run_in_threadpool(
-        _slice_response, request, dataset, settings, ranges, body.start, body.stop, body.columns, windows
+    return await run_read(
+        request, _slice_response, request, dataset, settings, ranges, body.start, body.stop, body.columns, windows
     )
 
 
@@ -216,7 +220,7 @@ async def take_rows(
             limit=settings.max_take_indices,
         )
     ranges = episode_ranges(body.episodes, settings)
-    return await run_in_threadpool(_take_response, dataset, ranges, body)
+    return await run_read(request, _take_response, dataset, ranges, body)
 
 
 def _take_response(dataset: Dataset, ranges: EpisodeRanges | None, body: TakeRequest) -> Response:
