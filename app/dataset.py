@@ -47,6 +47,16 @@ class RowSlice:
 
 
 @dataclass(frozen=True)
+class SliceBounds:
+    """The view rows a slice request resolves to, and the snapshot it was resolved on."""
+
+    total_rows: int
+    start: int
+    stop: int
+    digest: str
+
+
+@dataclass(frozen=True)
 class RowTake:
     """Rows picked by view index, in the order asked."""
 
@@ -117,6 +127,20 @@ class Dataset:
             )
         return EpisodeView.of(index, resolve_episodes(episodes, index.episodes))
 
+    def slice_bounds(self, episodes: EpisodeRanges | None, start: int, stop: int | None) -> SliceBounds:
+        """What `read_slice` would serve, without touching any segment (for conditional requests).
+
+        The source files the slice covers are checked first, so a changed file never passes for unchanged.
+        """
+
+        def attempt(index: EpisodeIndex) -> SliceBounds:
+            view = self.resolve(index, episodes)
+            lo, hi = clamp(len(view), start, stop)
+            self._ensure_fresh(index, {file for file, _, _ in view.spans(lo, hi)})
+            return SliceBounds(len(view), lo, hi, index.digest)
+
+        return self._with_fresh_index(attempt)
+
     def read_slice(
         self,
         episodes: EpisodeRanges | None,
@@ -136,8 +160,7 @@ class Dataset:
             names = check_columns(index.schema, columns)
             spec = self._window_spec(index, windows)
             total = len(view)
-            lo = min(start, total)
-            hi = total if stop is None else min(stop, total)
+            lo, hi = clamp(total, start, stop)
             if hi - lo > max_rows:
                 raise TooLarge(
                     f"the slice holds {hi - lo} rows; the limit is {max_rows} rows per response (page with start/stop)",
@@ -326,6 +349,11 @@ class Dataset:
         sizes = [self.segments.built_size(fp, index.schema) for fp in index.files]
         built = [size for size in sizes if size is not None]
         return {"segments_built": len(built), "segments_total": len(index.files), "bytes": sum(built)}
+
+
+def clamp(total: int, start: int, stop: int | None) -> tuple[int, int]:
+    """[start, stop) clamped to a view of `total` rows, like a Python slice of non-negative bounds."""
+    return min(start, total), total if stop is None else min(stop, total)
 
 
 def check_columns(schema: pa.Schema, columns: list[str] | None) -> list[str] | None:

@@ -234,3 +234,21 @@ def test_cold_reads_over_budget_wait_for_the_build(tmp_path: Path) -> None:
     view = oracle(root / "demo", None)
     assert_tables_equal(dataset.take(None, [7, 1], None).table, view.take(pa.array([7, 1])))
     assert dataset.segments.builds == 1  # built synchronously: the row groups exceeded the budget
+
+
+def test_conditional_request_is_answered_without_building_and_never_for_changed_sources(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=12, files=2)
+    params = {"episodes": "3-5", "columns": "index"}
+    with ServerProcess([root], tmp_path / "cache-a") as first:
+        etag = httpx.get(f"{first.url}/datasets/demo/rows", params=params).headers["etag"]
+    with ServerProcess([root], tmp_path / "cache-b") as second, httpx.Client(base_url=second.url) as http:
+        cached = http.get("/datasets/demo/rows", params=params, headers={"If-None-Match": etag})
+        assert cached.status_code == 304 and cached.headers["etag"] == etag  # same ETag on another replica
+        assert cache_files(tmp_path / "cache-b", "segments/*.arrow") == []  # and nothing was built for it
+        source = sorted((root / "demo" / "data").rglob("*.parquet"))[0]
+        pq.write_table(pq.read_table(source), source)
+        os.utime(source, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+        fresh = http.get("/datasets/demo/rows", params=params, headers={"If-None-Match": etag})
+        assert fresh.status_code == 200 and fresh.headers["etag"] != etag
+        assert_tables_equal(read_stream(fresh.content), oracle(root / "demo", [3, 4, 5]).select(["index"]))

@@ -24,7 +24,7 @@ from app.arrow_stream import (
     stream_size,
     table_batches,
 )
-from app.dataset import Dataset
+from app.dataset import Dataset, RowSlice, SliceBounds
 from app.episode_spec import EpisodeRanges, format_ranges, parse_episode_spec, ranges_from_ids
 from app.settings import Settings
 from app.windows import DEFAULT_TOLERANCE_S, WindowRequest
@@ -179,19 +179,24 @@ def _slice_response(
 ) -> Response:
     if stop is not None and start > stop:
         raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
+
+    def headers_of(bounds: SliceBounds | RowSlice) -> dict[str, str]:
+        query = [format_ranges(ranges) if ranges else "*", bounds.start, bounds.stop, columns, windows]
+        return {
+            "ETag": f'"{bounds.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
+            "X-Total-Rows": str(bounds.total_rows),
+            "X-Start": str(bounds.start),
+            "X-Stop": str(bounds.stop),
+            "Cache-Control": "no-cache",
+        }
+
+    conditional = request.headers.get("if-none-match")
+    if conditional:  # answered from the view alone: a 304 never reads (or builds) a segment
+        headers = headers_of(dataset.slice_bounds(ranges, start, stop))
+        if headers["ETag"] in [tag.strip() for tag in conditional.split(",")]:
+            return Response(status_code=304, headers=headers)
     selected = dataset.read_slice(ranges, start, stop, columns, settings.max_rows_per_response, windows)
-    query = [format_ranges(ranges) if ranges else "*", selected.start, selected.stop, columns, windows]
-    etag = f'"{selected.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"'
-    headers = {
-        "ETag": etag,
-        "X-Total-Rows": str(selected.total_rows),
-        "X-Start": str(selected.start),
-        "X-Stop": str(selected.stop),
-        "Cache-Control": "no-cache",
-    }
-    if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
-        return Response(status_code=304, headers=headers)
-    return _arrow_response(selected.schema, selected.batches, headers)
+    return _arrow_response(selected.schema, selected.batches, headers_of(selected))
 
 
 @router.post(
