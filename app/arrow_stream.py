@@ -27,13 +27,54 @@ def encode_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> Itera
     yield memoryview(END_OF_STREAM)
 
 
-def encode_stream_at_once(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> memoryview:
-    """The whole IPC stream in one buffer, written in place (one copy of the data)."""
+def encode_stream_at_once(
+    schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None
+) -> memoryview:
+    """The whole IPC stream in one buffer, written in place (one copy of the data); optionally with IPC body
+    compression (`lz4` or `zstd`, which every Arrow reader decompresses by itself)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
+    with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
         for batch in batches:
             writer.write_batch(batch)
     return memoryview(sink.getvalue())
+
+
+class _Chunks:
+    """A writable file that hands over what was written since the last `drain()`."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def drain(self) -> bytes:
+        data, self.parts = b"".join(self.parts), []
+        return data
+
+
+def encode_compressed_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str) -> Iterator[bytes]:
+    """A compressed IPC stream, one chunk per batch (its length is not known in advance)."""
+    chunks = _Chunks()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    writer = pa.ipc.new_stream(pa.PythonFile(chunks, mode="w"), schema, options=options)
+    yield chunks.drain()
+    for batch in batches:
+        writer.write_batch(batch)
+        yield chunks.drain()
+    writer.close()
+    yield chunks.drain()
 
 
 def table_batches(table: pa.Table) -> list[pa.RecordBatch]:

@@ -169,3 +169,30 @@ def test_post_rows_takes_the_selection_in_a_body(http: httpx.Client, datasets_ro
         params={"episodes": ",".join(map(str, pick)), "start": 5, "stop": 400, "columns": "index,episode_index"},
     )
     assert same.content == response.content
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_compressed_streams_decode_to_the_same_rows(http: httpx.Client, datasets_root: Path, codec: str) -> None:
+    plain = http.get("/datasets/lerobot/demo-v3/rows", params={"episodes": "0-9"})
+    packed = http.get("/datasets/lerobot/demo-v3/rows", params={"episodes": "0-9", "compression": codec})
+    assert packed.headers["x-arrow-compression"] == codec
+    assert len(packed.content) < len(plain.content)
+    assert_tables_equal(read_stream(packed.content), oracle(datasets_root / "lerobot/demo-v3", range(10)))
+    assert pl.read_ipc_stream(packed.content).equals(pl.read_ipc_stream(plain.content))
+    taken = http.post("/datasets/lerobot/demo-v3/rows/take", json={"indices": [9, 2, 2], "compression": codec})
+    assert_tables_equal(read_stream(taken.content), read_stream(plain.content).take(pa.array([9, 2, 2])))
+
+
+def test_compressed_stream_chunks_concatenate_to_a_valid_stream(datasets_root: Path) -> None:
+    from app.arrow_stream import encode_compressed_stream
+
+    table = oracle(datasets_root / "lerobot/demo-v3", None)
+    batches = table.to_batches(max_chunksize=500)
+    chunks = list(encode_compressed_stream(table.schema, batches, "zstd"))
+    assert len(chunks) == len(batches) + 2  # schema, one chunk per batch, end of stream
+    assert_tables_equal(read_stream(b"".join(chunks)), table)
+
+
+def test_unknown_compression_is_422(http: httpx.Client) -> None:
+    response = http.get("/datasets/lerobot/demo-v3/rows", params={"compression": "gzip"})
+    assert response.status_code == 422 and "compression" in response.json()["detail"]

@@ -8,7 +8,7 @@ time.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pyarrow as pa
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -19,6 +19,7 @@ from app.api.deps import get_dataset, get_settings, read_json_body, run_read
 from app.api.problems import ProblemException
 from app.arrow_stream import (
     ARROW_STREAM_MEDIA_TYPE,
+    encode_compressed_stream,
     encode_stream,
     encode_stream_at_once,
     stream_size,
@@ -40,6 +41,8 @@ _ARROW_RESPONSE = {
 
 
 DeltaTimestamps = dict[str, list[StrictInt | StrictFloat]]
+Compression = Literal["none", "lz4", "zstd"] | None
+_COMPRESSION_HELP = "Arrow IPC body compression (lz4 or zstd) for slow links; every Arrow reader decompresses it."
 _DELTA_TIMESTAMPS = TypeAdapter(DeltaTimestamps)
 
 
@@ -58,6 +61,7 @@ class RowSelection(BaseModel):
         "fixed-size list of len(offsets) values, plus a boolean `<column>_is_pad` list.",
     )
     tolerance_s: float = Field(DEFAULT_TOLERANCE_S, ge=0, description="How far offsets may be off the 1/fps grid.")
+    compression: Compression = Field(None, description=_COMPRESSION_HELP)
 
 
 class TakeRequest(RowSelection):
@@ -108,12 +112,21 @@ def _columns(spec: str | None) -> list[str] | None:
     return None if spec is None else [c.strip() for c in spec.split(",")]
 
 
-def _arrow_response(schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str]) -> Response:
+def _arrow_response(
+    schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str], compression: Compression
+) -> Response:
     """Small bodies in one piece (no per-chunk thread hops); large ones streamed batch by batch."""
     size = stream_size(schema, batches)
     headers = {**headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
+    codec = None if compression in (None, "none") else compression
+    if codec is not None:
+        headers["X-Arrow-Compression"] = codec
     if size <= _SINGLE_PIECE_BYTES:
-        return Response(encode_stream_at_once(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+        body = encode_stream_at_once(schema, batches, codec)
+        return Response(body, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+    if codec is not None:
+        chunks = encode_compressed_stream(schema, batches, codec)
+        return StreamingResponse(chunks, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
     headers["Content-Length"] = str(size)
     return StreamingResponse(encode_stream(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
 
@@ -136,11 +149,22 @@ async def read_rows(
         None, description='JSON object of LeRobot windows, e.g. {"action": [0, 0.0333333, 0.0666667]}.'
     ),
     tolerance_s: float = Query(DEFAULT_TOLERANCE_S, ge=0, le=1e6, description="Frame-grid tolerance of offsets."),
+    compression: Compression = Query(None, description=_COMPRESSION_HELP),
 ) -> Response:
     ranges = episode_ranges(episodes, settings)
     windows = _windows(_parse_delta_timestamps(delta_timestamps), tolerance_s)
     return await run_read(
-        request, _slice_response, request, dataset, settings, ranges, start, stop, _columns(columns), windows
+        request,
+        _slice_response,
+        request,
+        dataset,
+        settings,
+        ranges,
+        start,
+        stop,
+        _columns(columns),
+        windows,
+        compression,
     )
 
 
@@ -163,7 +187,17 @@ async def read_rows_with_body(
     ranges = episode_ranges(body.episodes, settings)
     windows = _windows(body.delta_timestamps, body.tolerance_s)
     return await run_read(
-        request, _slice_response, request, dataset, settings, ranges, body.start, body.stop, body.columns, windows
+        request,
+        _slice_response,
+        request,
+        dataset,
+        settings,
+        ranges,
+        body.start,
+        body.stop,
+        body.columns,
+        windows,
+        body.compression,
     )
 
 
@@ -176,12 +210,13 @@ def _slice_response(
     stop: int | None,
     columns: list[str] | None,
     windows: WindowRequest | None,
+    compression: Compression,
 ) -> Response:
     if stop is not None and start > stop:
         raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
 
     def headers_of(bounds: SliceBounds | RowSlice) -> dict[str, str]:
-        query = [format_ranges(ranges) if ranges else "*", bounds.start, bounds.stop, columns, windows]
+        query = [format_ranges(ranges) if ranges else "*", bounds.start, bounds.stop, columns, windows, compression]
         return {
             "ETag": f'"{bounds.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
             "X-Total-Rows": str(bounds.total_rows),
@@ -196,7 +231,7 @@ def _slice_response(
         if headers["ETag"] in [tag.strip() for tag in conditional.split(",")]:
             return Response(status_code=304, headers=headers)
     selected = dataset.read_slice(ranges, start, stop, columns, settings.max_rows_per_response, windows)
-    return _arrow_response(selected.schema, selected.batches, headers_of(selected))
+    return _arrow_response(selected.schema, selected.batches, headers_of(selected), compression)
 
 
 @router.post(
@@ -232,4 +267,4 @@ def _take_response(dataset: Dataset, ranges: EpisodeRanges | None, body: TakeReq
     windows = _windows(body.delta_timestamps, body.tolerance_s)
     taken = dataset.take(ranges, body.indices, body.columns, windows)
     headers = {"X-Total-Rows": str(taken.total_rows)}
-    return _arrow_response(taken.table.schema, table_batches(taken.table), headers)
+    return _arrow_response(taken.table.schema, table_batches(taken.table), headers, body.compression)

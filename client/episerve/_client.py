@@ -62,9 +62,10 @@ class Client:
 
     `token` is sent as `Authorization: Bearer <token>` (default: `$EPISERVE_TOKEN`). `timeout` is in seconds (or an
     `httpx.Timeout`). `retries` bounds how long a request keeps retrying connection errors and 429/502/503/504
-    (a `Retries`, or an int number of attempts). Server errors are raised as `ServerError` subclasses; a server
-    that stays unreachable raises `ConnectionFailed`. Safe to use from several threads, to pickle, and across
-    `fork`. Use it as a context manager or call `close()`.
+    (a `Retries`, or an int number of attempts). `compression` (`"lz4"` or `"zstd"`) asks for compressed Arrow
+    bodies, worth it across slow links (pyarrow decompresses them). Server errors are raised as `ServerError`
+    subclasses; a server that stays unreachable raises `ConnectionFailed`. Safe to use from several threads, to
+    pickle, and across `fork`. Use it as a context manager or call `close()`.
     """
 
     def __init__(
@@ -74,8 +75,12 @@ class Client:
         *,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         retries: Retries | int | None = None,
+        compression: str | None = None,
     ) -> None:
+        if compression not in (None, "lz4", "zstd"):
+            raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
         self.url = url.rstrip("/")
+        self.compression = compression
         self.token = token if token is not None else os.environ.get("EPISERVE_TOKEN") or None
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         if isinstance(retries, int):
@@ -204,6 +209,8 @@ class Client:
         while True:
             page = indices[position : position + self._take_indices]
             payload = _body(page, spec, columns, delta_timestamps, tolerance_s)
+            if self.compression is not None:
+                payload["compression"] = self.compression
             try:
                 headers, body = self._request("POST", _path(dataset_id, "/rows/take"), body=payload, arrow=True)
             except TooLarge as exc:
@@ -227,6 +234,8 @@ class Client:
     ) -> tuple[Mapping[str, str], ArrowBody]:
         """One `/rows` request: GET with a query, or POST with a body when the episode list is too long for a URL."""
         params = _params(spec, start, stop, columns, delta_timestamps, tolerance_s)
+        if self.compression is not None:
+            params["compression"] = self.compression
         if spec is not None and len(spec) > _MAX_SPEC_IN_URL:
             body = {**params, "columns": list(columns) if columns is not None else None}
             if delta_timestamps is not None:

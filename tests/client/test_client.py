@@ -155,3 +155,18 @@ def test_importing_the_client_needs_no_server_or_torch_packages() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "Client" in result.stdout
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_compressed_bodies_give_the_same_rows(url: str, demo_view: pa.Table, codec: str) -> None:
+    with episerve.Client(url, compression=codec) as client:
+        assert_tables_equal(client.rows(DEMO), demo_view)
+        assert_tables_equal(client.take(DEMO, [40, 3, 3]), demo_view.take(pa.array([40, 3, 3])))
+        dataset = episerve.EpisodeDataset(client, DEMO, columns=["index", "action"], output="numpy")
+        batch = dataset.__getitems__([7, 1])
+    assert batch.data["index"].tolist() == demo_view["index"].to_numpy()[[7, 1]].tolist()
+
+
+def test_unknown_compression_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="compression"):
+        episerve.Client("http://127.0.0.1:1", compression="gzip")
