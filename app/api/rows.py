@@ -151,21 +151,16 @@ async def read_rows(
     tolerance_s: float = Query(DEFAULT_TOLERANCE_S, ge=0, le=1e6, description="Frame-grid tolerance of offsets."),
     compression: Compression = Query(None, description=_COMPRESSION_HELP),
 ) -> Response:
-    ranges = episode_ranges(episodes, settings)
-    windows = _windows(_parse_delta_timestamps(delta_timestamps), tolerance_s)
-    return await run_read(
-        request,
-        _slice_response,
-        request,
-        dataset,
-        settings,
-        ranges,
-        start,
-        stop,
-        _columns(columns),
-        windows,
-        compression,
+    selection = SliceRequest.model_construct(
+        episodes=episodes,
+        start=start,
+        stop=stop,
+        columns=_columns(columns),
+        delta_timestamps=_parse_delta_timestamps(delta_timestamps),
+        tolerance_s=tolerance_s,
+        compression=compression,
     )
+    return await run_read(request, _slice_response, request, dataset, settings, selection)
 
 
 @router.post(
@@ -183,35 +178,13 @@ async def read_rows_with_body(
     settings: Settings = Depends(get_settings),
 ) -> Response:
     body = await read_json_body(request, SliceRequest, settings.max_body_bytes)
-    assert isinstance(body, SliceRequest)
-    ranges = episode_ranges(body.episodes, settings)
-    windows = _windows(body.delta_timestamps, body.tolerance_s)
-    return await run_read(
-        request,
-        _slice_response,
-        request,
-        dataset,
-        settings,
-        ranges,
-        body.start,
-        body.stop,
-        body.columns,
-        windows,
-        body.compression,
-    )
+    return await run_read(request, _slice_response, request, dataset, settings, body)
 
 
-def _slice_response(
-    request: Request,
-    dataset: Dataset,
-    settings: Settings,
-    ranges: EpisodeRanges | None,
-    start: int,
-    stop: int | None,
-    columns: list[str] | None,
-    windows: WindowRequest | None,
-    compression: Compression,
-) -> Response:
+def _slice_response(request: Request, dataset: Dataset, settings: Settings, selection: SliceRequest) -> Response:
+    start, stop, columns, compression = selection.start, selection.stop, selection.columns, selection.compression
+    ranges = episode_ranges(selection.episodes, settings)
+    windows = _windows(selection.delta_timestamps, selection.tolerance_s)
     if stop is not None and start > stop:
         raise ProblemException(422, f"start ({start}) is greater than stop ({stop})")
 
