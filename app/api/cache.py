@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import get_dataset, get_settings, read_json_body
+from app.api.deps import get_dataset, get_settings, json_body_schema, read_json_body
 from app.api.problems import OrjsonResponse
 from app.api.rows import episode_ranges
 from app.dataset import Dataset
@@ -60,9 +60,7 @@ def cache_status(dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depen
     "/datasets/{dataset_id:path}/cache",
     summary="Start warming the cache (all or some episodes) in the background",
     status_code=202,
-    openapi_extra={
-        "requestBody": {"required": False, "content": {"application/json": {"schema": WarmRequest.model_json_schema()}}}
-    },
+    openapi_extra=json_body_schema(WarmRequest, required=False),
 )
 async def warm_cache(
     request: Request,

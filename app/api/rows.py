@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, TypeAdapter, ValidationError
 
-from app.api.deps import get_dataset, get_settings, read_json_body, run_read
+from app.api.deps import get_dataset, get_settings, json_body_schema, read_json_body, run_read
 from app.api.problems import ProblemException
 from app.arrow_stream import (
     ARROW_STREAM_MEDIA_TYPE,
@@ -168,9 +168,7 @@ async def read_rows(
     summary="The same slice as GET /rows, with the selection in a JSON body (for long episode lists)",
     response_class=Response,
     responses=_ARROW_RESPONSE,
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": SliceRequest.model_json_schema()}}}
-    },
+    openapi_extra=json_body_schema(SliceRequest),
 )
 async def read_rows_with_body(
     request: Request,
@@ -212,12 +210,7 @@ def _slice_response(request: Request, dataset: Dataset, settings: Settings, sele
     summary="Rows by view index (order kept, duplicates allowed), as an Arrow IPC stream",
     response_class=Response,
     responses=_ARROW_RESPONSE,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": TakeRequest.model_json_schema()}},
-        }
-    },
+    openapi_extra=json_body_schema(TakeRequest),
 )
 async def take_rows(
     request: Request,

@@ -111,9 +111,20 @@ class Client:
 
     # --- rows ----------------------------------------------------------------------------------------------
 
-    def num_rows(self, dataset_id: str, episodes: Episodes = None) -> int:
-        """Rows in the view of `episodes` (all episodes when None), without reading any."""
-        headers, _ = self._slice(dataset_id, episode_spec(episodes), 0, 0)
+    def num_rows(
+        self,
+        dataset_id: str,
+        episodes: Episodes = None,
+        columns: Sequence[str] | None = None,
+        *,
+        delta_timestamps: DeltaTimestamps | None = None,
+        tolerance_s: float | None = None,
+    ) -> int:
+        """Rows in the view of `episodes` (all episodes when None), without reading any.
+
+        The server validates `columns` and `delta_timestamps` too, so a bad selection fails here, up front.
+        """
+        headers, _ = self._slice(dataset_id, episode_spec(episodes), 0, 0, columns, delta_timestamps, tolerance_s)
         return int(headers["x-total-rows"])
 
     def rows(

@@ -60,10 +60,13 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         self.tolerance_s = tolerance_s
         self.decode_images = decode_images
         self.output = resolve_output(output)
-        probe = self.client._read_pages(
-            dataset_id, self.episodes, 0, 0, self.columns, self.delta_timestamps, self.tolerance_s
+        self._length = self.client.num_rows(
+            dataset_id,
+            self.episodes,
+            self.columns,
+            delta_timestamps=self.delta_timestamps,
+            tolerance_s=self.tolerance_s,
         )
-        self._length = probe.total_rows
 
     def __len__(self) -> int:
         return self._length

@@ -95,10 +95,13 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         self.decode_images = decode_images
         self.transform = transform
         self.output = resolve_output(output)
-        probe = self.client._read_pages(
-            dataset_id, self.episodes, 0, 0, self.columns, self.delta_timestamps, self.tolerance_s
+        self.total_rows = self.client.num_rows(
+            dataset_id,
+            self.episodes,
+            self.columns,
+            delta_timestamps=self.delta_timestamps,
+            tolerance_s=self.tolerance_s,
         )
-        self.total_rows = probe.total_rows
         self._epoch = 0
         self._resume: tuple[int, int] | None = None
         self._progress: int | None = None  # rows delivered this epoch, when iterated in this process
