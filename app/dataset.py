@@ -21,7 +21,7 @@ import pyarrow as pa
 from app.cold_reads import ParquetRows
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
-from app.errors import InvalidRequest, TooLarge, Unavailable
+from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
 from app.layouts import Layout, read_layout
 from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
 from app.settings import Settings
@@ -95,7 +95,9 @@ class Dataset:
         return f"{dataset_id.replace('/', '__')}-{digest}"
 
     def layout(self) -> Layout:
-        self.index()
+        """The layout the current index was read with."""
+        if self._layout is None:
+            self.index()
         assert self._layout is not None
         return self._layout
 
@@ -190,8 +192,14 @@ class Dataset:
         rows: list[int],
         columns: list[str] | None,
         windows: WindowRequest | None = None,
+        inline_bytes: int | None = None,
     ) -> RowTake:
-        """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included."""
+        """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included.
+
+        With `inline_bytes`, the take must be quick enough to run on an event loop: when it would load the
+        index, map or build a segment, read parquet, reload changed sources, or gather more than about
+        `inline_bytes` bytes, it raises `WouldBlock` before doing any of that.
+        """
 
         def attempt(index: EpisodeIndex) -> RowTake:
             view = self.resolve(index, episodes)
@@ -204,14 +212,21 @@ class Dataset:
                 shown = ", ".join(map(str, bad[:10].tolist()))
                 raise InvalidRequest(f"indices out of range [0, {total}): {shown}")
             self._check_window_size(len(wanted), spec)
-            table = self._gather(index, view, wanted, with_window_columns(names, spec))
+            table = self._gather(index, view, wanted, with_window_columns(names, spec), inline_bytes)
             if spec is not None:
-                table = self._apply_windows(index, view, wanted, table, spec)
+                table = self._apply_windows(index, view, wanted, table, spec, inline_bytes)
             return RowTake(table, total, index.digest)
 
-        return self._with_fresh_index(attempt)
+        return self._with_fresh_index(attempt, waits=inline_bytes is None)
 
-    def _gather(self, index: EpisodeIndex, view: EpisodeView, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+    def _gather(
+        self,
+        index: EpisodeIndex,
+        view: EpisodeView,
+        rows: np.ndarray,
+        names: list[str] | None,
+        inline_bytes: int | None = None,
+    ) -> pa.Table:
         """View rows (in range) in the given order: sorted by segment and batch, taken, then put back in order."""
         files, stored = view.locate(rows)
         touched = set(np.unique(files).tolist())
@@ -219,7 +234,10 @@ class Dataset:
         schema = project(index.schema, names)
         if len(rows) == 0:
             return schema.empty_table()
-        sources = self._row_sources(index, files, stored)
+        if inline_bytes is None:
+            sources = self._row_sources(index, files, stored)
+        else:
+            sources = self._mapped_sources(index, touched, len(rows), names, inline_bytes)
         segments_only = all(isinstance(s, Segment) for s in sources.values())
         if segments_only and len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
             first = sources[int(files[0])]
@@ -239,6 +257,18 @@ class Dataset:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return pa.Table.from_batches(pieces, schema=schema).take(pa.array(inverse))
+
+    def _mapped_sources(
+        self, index: EpisodeIndex, touched: set[int], rows: int, names: list[str] | None, inline_bytes: int
+    ) -> dict[int, Segment | ParquetRows]:
+        """The touched files' segments if all are mapped already and `rows` of them fit `inline_bytes`."""
+        segments = {number: self.segments.opened(index.files[number]) for number in touched}
+        mapped = {number: segment for number, segment in segments.items() if segment is not None}
+        if len(mapped) < len(segments):
+            raise WouldBlock(f"a segment of dataset {self.id!r} is not mapped yet")
+        if rows * max(segment.row_bytes(names) for segment in mapped.values()) > inline_bytes:
+            raise WouldBlock(f"{rows} rows are more than {inline_bytes} bytes")
+        return dict(mapped)
 
     def _row_sources(
         self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray
@@ -307,14 +337,20 @@ class Dataset:
             )
 
     def _apply_windows(
-        self, index: EpisodeIndex, view: EpisodeView, rows: np.ndarray, table: pa.Table, spec: WindowSpec
+        self,
+        index: EpisodeIndex,
+        view: EpisodeView,
+        rows: np.ndarray,
+        table: pa.Table,
+        spec: WindowSpec,
+        inline_bytes: int | None = None,
     ) -> pa.Table:
         """Replace each windowed column by its windows and append the `<column>_is_pad` masks."""
         lo, hi = view.episode_bounds(rows)
         pads = []
         for column, offsets in spec.offsets.items():
             targets, pad = window_targets(rows, lo, hi, offsets)
-            values = self._gather(index, view, targets.reshape(-1), [column])[column].combine_chunks()
+            values = self._gather(index, view, targets.reshape(-1), [column], inline_bytes)[column].combine_chunks()
             position = table.schema.get_field_index(column)
             windowed = as_windows(values, len(offsets))
             table = table.set_column(position, pa.field(column, windowed.type), windowed)
@@ -323,12 +359,20 @@ class Dataset:
             table = table.append_column(pa.field(name, mask.type), mask)
         return table
 
-    def _with_fresh_index(self, attempt: Callable[[EpisodeIndex], T]) -> T:
-        index = self.index()
+    def _with_fresh_index(self, attempt: Callable[[EpisodeIndex], T], waits: bool = True) -> T:
+        """`attempt` on the current index, reloaded and retried when a source file changed under it. Unless it
+        `waits`, an index that still has to be loaded or reloaded raises `WouldBlock` instead."""
+        index = self._index
+        if index is None:
+            if not waits:
+                raise WouldBlock(f"the index of dataset {self.id!r} is not loaded yet")
+            index = self.index()
         for _ in range(_ATTEMPTS):
             try:
                 return attempt(index)
             except SourceChanged:
+                if not waits:
+                    raise WouldBlock(f"a source file of dataset {self.id!r} changed") from None
                 index = self.reload(index)
         raise Unavailable(f"source files of dataset {self.id!r} keep changing; retry later")
 

@@ -45,3 +45,8 @@ class DatasetError(EpiserveError):
     """A dataset on disk is unreadable or inconsistent (an operator problem, not the client's)."""
 
     title = "Dataset unavailable"
+
+
+class WouldBlock(Exception):
+    """A read asked to run without waiting found it would have to: load an index, map or build a segment, read
+    parquet, or gather more bytes than its budget. Not a client error: the caller runs the read normally."""

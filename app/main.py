@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.api import cache, datasets, health, rows
 from app.api.deps import require_token
+from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers
 from app.auth import TokenVerifier
@@ -60,7 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.token_verifier = TokenVerifier(settings.accepted_tokens())
     app.state.warmer = Warmer()
-    app.add_middleware(ObservabilityMiddleware)
+    app.add_middleware(FastLane, state=app.state, take_route=rows.take_route())
+    app.add_middleware(ObservabilityMiddleware)  # added last, so outermost: it sees the fast lane's responses too
     install_problem_handlers(app)
     protected = [Depends(require_token)]
     app.include_router(health.router)

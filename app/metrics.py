@@ -27,6 +27,9 @@ REQUEST_SECONDS = Histogram(
 )
 BYTES_SERVED = Counter("episerve_response_bytes_total", "Response body bytes sent", ["endpoint"])
 ROWS_SERVED = Counter("episerve_rows_served_total", "Rows sent in Arrow responses", ["endpoint"])
+INLINE_TAKES = Counter(
+    "episerve_inline_takes_total", "Takes answered on the event loop, from mapped segments, without a thread hand-off"
+)
 CACHE_HITS = Counter("episerve_cache_hits_total", "Segment opens served from the open-segment LRU")
 CACHE_MISSES = Counter("episerve_cache_misses_total", "Segment opens that had to map (or build) the segment")
 CACHE_BUILDS = Counter("episerve_cache_builds_total", "Segments converted from parquet")

@@ -59,6 +59,7 @@ class Segment:
     batch_offsets: np.ndarray  # row offset of each batch, plus the total at the end
     nbytes: int
     _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
+    _row_bytes: dict[tuple[str, ...] | None, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._offsets_list = self.batch_offsets.tolist()
@@ -96,9 +97,15 @@ class Segment:
         return batches
 
     def row_bytes(self, columns: list[str] | None = None) -> float:
-        """Average stored bytes per row of the selected columns."""
-        batches = self.projected(columns)
-        return sum(b.nbytes for b in batches) / max(1, self.num_rows)
+        """Average stored bytes per row of the selected columns (remembered per selection)."""
+        key = None if columns is None else tuple(columns)
+        size = self._row_bytes.get(key)
+        if size is None:
+            if len(self._row_bytes) >= 16:
+                self._row_bytes.clear()
+            batches = self.projected(columns)
+            size = self._row_bytes[key] = sum(b.nbytes for b in batches) / max(1, self.num_rows)
+        return size
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> list[pa.RecordBatch]:
         """Rows at the given positions (ascending), gathered batch by batch so no whole column is touched."""
@@ -242,6 +249,10 @@ class SegmentStore:
                 segment = self._build(paths, source, schema, progress)
             self.lru.put(key, segment)
             return segment
+
+    def opened(self, source: SourceFingerprint) -> Segment | None:
+        """The segment if this process has it mapped already; never maps, builds or waits."""
+        return self._open_segment(str(self.paths(source.path).arrow), source)
 
     def open_if_built(self, source: SourceFingerprint, schema: pa.Schema) -> Segment | None:
         """The segment if it is open or valid on disk; None (without waiting) if it still has to be built."""

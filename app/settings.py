@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     max_concurrent_reads: int = Field(
         8, ge=1, le=1024, description="Row reads one worker runs at once; more wait (bounds memory under load)."
     )
+    inline_read_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=0,
+        description="Takes of at most this many bytes from already-mapped segments are answered on the event loop, "
+        "without the framework and thread-pool hand-off (0: never).",
+    )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
         8 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."

@@ -70,9 +70,7 @@ async def warm_cache(
 ) -> OrjsonResponse:
     body = WarmRequest()
     if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
-        parsed = await read_json_body(request, WarmRequest, settings.max_body_bytes)
-        assert isinstance(parsed, WarmRequest)
-        body = parsed
+        body = await read_json_body(request, WarmRequest, settings.max_body_bytes)
     ranges = episode_ranges(body.episodes, settings)
     await run_in_threadpool(warmer.start, dataset, ranges)
     report = await run_in_threadpool(cache_report, dataset, warmer)

@@ -18,6 +18,7 @@ from app.dataset import Dataset
 from app.settings import Settings
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 # Dependencies are `async def` although they do not await: FastAPI would run plain `def` ones in the thread
 # pool, one thread hop each, which costs more than their work on every request.
@@ -72,12 +73,9 @@ def json_body_schema(model: type[BaseModel], required: bool = True) -> dict[str,
     return {"requestBody": {"required": required, "content": content}}
 
 
-async def read_json_body(request: Request, model: type[BaseModel], max_bytes: int) -> BaseModel:
+async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
     """Parse and validate a JSON body, refusing wrong content types, oversize and malformed bodies."""
-    content_type = request.headers.get("content-type", "")
-    media = content_type.split(";")[0].strip().lower()
-    if media != "application/json" and not media.endswith("+json"):
-        raise ProblemException(415, f"the body must be application/json, got {content_type or 'no content type'!r}")
+    check_json_content_type(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ProblemException(413, f"the body is {declared} bytes; the limit is {max_bytes} bytes", limit=max_bytes)
@@ -86,6 +84,18 @@ async def read_json_body(request: Request, model: type[BaseModel], max_bytes: in
         body += chunk
         if len(body) > max_bytes:
             raise ProblemException(413, f"the body is larger than the limit of {max_bytes} bytes", limit=max_bytes)
+    return decode_json_body(body, model)
+
+
+def check_json_content_type(content_type: str | None) -> None:
+    """415 unless the content type is JSON (`application/json` or `*+json`)."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ProblemException(415, f"the body must be application/json, got {content_type or 'no content type'!r}")
+
+
+def decode_json_body(body: bytes | bytearray, model: type[M]) -> M:
+    """The body as a validated `model`: 400 when it is not JSON, 422 when it does not validate."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

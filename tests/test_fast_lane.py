@@ -1,0 +1,128 @@
+"""The fast lane answers quick takes on the event loop; every answer must equal the regular route's, byte for byte.
+
+Two servers share one datasets root: one with the lane on (the default) and one with it off
+(`EPISERVE_INLINE_READ_BYTES=0`), so every take below is answered once each way and compared.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
+from tests.test_errors import assert_problem
+from tests.test_operations import metric
+
+TAKE = "/datasets/lerobot/demo-v3/rows/take"
+INLINE_TAKES = "episerve_inline_takes_total"
+
+
+@pytest.fixture(scope="module")
+def lanes(datasets_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    cache = tmp_path_factory.mktemp("fast-lane-cache")
+    env = {"EPISERVE_TOKENS": "alpha", "EPISERVE_MAX_BODY_BYTES": "65536"}
+    on = ServerProcess([datasets_root], cache / "on", env=env)
+    off = ServerProcess([datasets_root], cache / "off", env=env | {"EPISERVE_INLINE_READ_BYTES": "0"})
+    headers = {"Authorization": "Bearer alpha"}
+    with (
+        on,
+        off,
+        httpx.Client(base_url=on.url, headers=headers) as fast,
+        httpx.Client(base_url=off.url, headers=headers) as slow,
+    ):
+        yield fast, slow
+
+
+def inline_takes(http: httpx.Client) -> float:
+    return metric(http.get("/metrics").text, INLINE_TAKES)
+
+
+def test_quick_takes_equal_the_regular_route_byte_for_byte(
+    lanes: tuple[httpx.Client, httpx.Client], datasets_root: Path
+) -> None:
+    fast, slow = lanes
+    rng = np.random.default_rng(5)
+    view = oracle(datasets_root / "lerobot" / "demo-v3", None)
+    bodies = [
+        {"indices": rng.integers(0, view.num_rows, 256).tolist()},  # spans all three files, duplicates likely
+        {"indices": [view.num_rows - 1, 0, 5, 5, 4]},
+        {"indices": [0, 1, 2], "columns": ["action", "episode_index"]},
+        {"indices": [3, 0], "episodes": "2,7-9"},
+        {"indices": [10, 11], "episodes": [9, 2, 9]},
+        {"indices": [], "columns": ["timestamp"]},
+        {"indices": [1, 40], "delta_timestamps": {"action": [0, 1 / 30, 2 / 30], "observation.state": [-1 / 30, 0]}},
+        {"indices": [7, 8], "compression": "zstd"},
+        {"indices": rng.integers(0, view.num_rows, 64).tolist(), "columns": ["observation.image", "index"]},
+    ]
+    before = inline_takes(fast)
+    for body in bodies:
+        slow_answer = slow.post(TAKE, json=body)
+        assert slow_answer.status_code == 200, slow_answer.text
+        for _ in range(2):  # the first may map segments (regular route); the second is answered on the lane
+            fast_answer = fast.post(TAKE, json=body)
+            assert fast_answer.status_code == 200, fast_answer.text
+            assert fast_answer.content == slow_answer.content
+            for header in ("content-type", "content-length", "x-total-rows", "x-row-count"):
+                assert fast_answer.headers[header] == slow_answer.headers[header], header
+    assert inline_takes(fast) - before >= len(bodies)
+    assert inline_takes(slow) == 0
+
+    first = read_stream(fast.post(TAKE, json=bodies[0]).content)
+    assert_tables_equal(first, view.take(pa.array(bodies[0]["indices"])))
+
+
+def test_takes_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    fast, _ = lanes
+    fast.post(TAKE, json={"indices": [0]})  # the segments the lane could use are mapped
+    assert_problem(httpx.post(f"{fast.base_url}{TAKE}", json={"indices": [0]}), 401, "bearer token")
+    assert_problem(fast.post(TAKE, json={"indices": [10**9]}), 422, "out of range")
+    assert_problem(fast.post(TAKE, json={"indices": [0], "columns": ["nope"]}), 422, "nope")
+    assert_problem(fast.post(TAKE, json={"indices": [0], "episodes": "999"}), 404, "999")
+    assert_problem(fast.post(TAKE, content=b"{", headers={"Content-Type": "application/json"}), 400, "JSON")
+    assert_problem(fast.post(TAKE, content=b'{"indices": [0]}', headers={"Content-Type": "text/plain"}), 415)
+    assert_problem(fast.post("/datasets/lerobot/nope/rows/take", json={"indices": [0]}), 404, "nope")
+    window = {"action": [k / 30 for k in range(5000)]}
+    assert_problem(fast.post(TAKE, json={"indices": list(range(5000)), "delta_timestamps": window}), 413)
+
+
+def test_bodies_in_many_chunks_reach_the_lane_or_the_route_intact(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    fast, slow = lanes
+    body = b'{"indices": [' + b", ".join(b"%d" % i for i in range(0, 600, 3)) + b"]}"
+    expected = slow.post(TAKE, content=body, headers={"Content-Type": "application/json"}).content
+
+    def chunked(size: int) -> Iterator[bytes]:
+        for start in itertools.count(0, size):
+            if start >= len(body):
+                return
+            yield body[start : start + size]
+
+    for size in (1, 7, 100, len(body)):
+        answer = fast.post(TAKE, content=chunked(size), headers={"Content-Type": "application/json"})
+        assert answer.status_code == 200, answer.text
+        assert answer.content == expected
+
+    oversize = b'{"indices": [' + b"0, " * 40_000 + b"0]}"  # beyond the servers' 64 KiB body limit, in pieces
+    pieces = (oversize[i : i + 16384] for i in range(0, len(oversize), 16384))
+    answer = fast.post(TAKE, content=pieces, headers={"Content-Type": "application/json"})
+    assert_problem(answer, 413, "larger than the limit of 65536 bytes")
+
+
+def test_lane_takes_are_counted_under_the_take_route(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    fast, _ = lanes
+    endpoint = "/datasets/{dataset_id:path}/rows/take"
+    before = metric(
+        fast.get("/metrics").text, "episerve_requests_total", endpoint=endpoint, method="POST", status="200"
+    )
+    inline_before = inline_takes(fast)
+    for _ in range(5):
+        assert fast.post(TAKE, json={"indices": [1, 2, 3]}).status_code == 200
+    text = fast.get("/metrics").text
+    assert metric(text, "episerve_requests_total", endpoint=endpoint, method="POST", status="200") == before + 5
+    assert metric(text, INLINE_TAKES) == inline_before + 5
+    assert metric(text, "episerve_rows_served_total", endpoint=endpoint) >= 15
