@@ -22,6 +22,7 @@ from app.cold_reads import ParquetRows
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
+from app.gather import RowGather, fixed_row_widths
 from app.layouts import Layout, read_layout
 from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
 from app.settings import Settings
@@ -239,6 +240,10 @@ class Dataset:
         else:
             sources = self._mapped_sources(index, touched, len(rows), names, inline_bytes)
         segments_only = all(isinstance(s, Segment) for s in sources.values())
+        if segments_only:
+            copied = self._gather_fixed_width(sources, files, stored, names, schema)
+            if copied is not None:
+                return copied
         if segments_only and len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
             first = sources[int(files[0])]
             if first.row_bytes(names) >= _WIDE_ROW_BYTES:
@@ -300,6 +305,28 @@ class Dataset:
             return parquet.take(rows, index.schema, names)
         except (OSError, IndexError, pa.ArrowException) as exc:  # the file changed under us: reload, retry
             raise SourceChanged(str(parquet.path)) from exc
+
+    @staticmethod
+    def _gather_fixed_width(
+        sources: dict[int, Segment | ParquetRows],
+        files: np.ndarray,
+        stored: np.ndarray,
+        names: list[str] | None,
+        schema: pa.Schema,
+    ) -> pa.Table | None:
+        """Rows of fixed-width, null-free columns copied byte-wise into request order (see `app.gather`);
+        None when a column is not like that."""
+        widths = fixed_row_widths(schema)
+        if widths is None:
+            return None
+        gather = RowGather(schema, widths, len(files))
+        for number in np.unique(files).tolist():
+            positions = np.flatnonzero(files == number)
+            segment = sources[number]
+            assert isinstance(segment, Segment)
+            if not segment.gather_into(gather, positions, stored[positions], names):
+                return None
+        return gather.table()
 
     def _gather_row_slices(
         self,
