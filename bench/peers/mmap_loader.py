@@ -16,6 +16,7 @@ import pyarrow as pa
 import torch
 
 from bench.peers.ipc import MmapTable
+from episerve._shared import TensorBatch
 
 
 def table_to_tensors(table: pa.Table) -> dict[str, Any]:
@@ -47,10 +48,13 @@ def identity(batch: Any) -> Any:
 
 
 class MmapBatchDataset:
-    """Rows of an IPC file; `__getitems__(indices)` returns one dict of batched tensors."""
+    """Rows of an IPC file; `__getitems__(indices)` returns one dict of batched tensors: with `one_block`, a dict
+    that DataLoader workers hand over as one shared block (as episerve's batches are), else a plain dict (one
+    shared-memory hand-off per tensor, torch's default)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, one_block: bool = True) -> None:
         self.path = path
+        self.one_block = one_block
         self._table: MmapTable | None = None
         self._rows = MmapTable(path).num_rows
 
@@ -64,10 +68,11 @@ class MmapBatchDataset:
         return self._table
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_table": None, "_rows": self._rows}
+        return {"path": self.path, "one_block": self.one_block, "_table": None, "_rows": self._rows}
 
     def __getitems__(self, indices: Sequence[int]) -> dict[str, Any]:
-        return table_to_tensors(self.table.take(indices))
+        tensors = table_to_tensors(self.table.take(indices))
+        return TensorBatch(tensors) if self.one_block else tensors
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])

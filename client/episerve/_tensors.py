@@ -17,6 +17,8 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from episerve._shared import TensorBatch
+
 Output = Literal["torch", "numpy"]
 Columns = dict[str, np.ndarray]
 
@@ -185,9 +187,10 @@ def _decode_image(image_module: Any, blob: bytes) -> np.ndarray:
 
 
 def to_output(columns: Columns, output: Output) -> dict[str, Any]:
-    """Numeric arrays as torch tensors (sharing memory) or numpy arrays; object arrays as lists."""
+    """Numeric arrays as torch tensors (sharing memory; in a `TensorBatch`) or numpy arrays; object arrays as
+    lists."""
     torch = _torch() if output == "torch" else None
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = TensorBatch() if torch is not None else {}
     for name, values in columns.items():
         if values.dtype == object:
             items = values.tolist()
