@@ -22,6 +22,7 @@ from episerve._errors import (
     Unavailable,
 )
 from episerve._retry import Retries
+from episerve._shared import TensorBatch
 
 if TYPE_CHECKING:
     from episerve._dataset import EpisodeDataset
@@ -38,6 +39,7 @@ __all__ = [
     "NotFound",
     "Retries",
     "ServerError",
+    "TensorBatch",
     "TooLarge",
     "Unauthorized",
     "Unavailable",
