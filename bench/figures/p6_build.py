@@ -2,10 +2,13 @@
 
 episerve: every segment of the dataset built by the server's own code in a fresh process (as `episerve-server
 warm` does), into an empty cache. HF `datasets`: `Dataset.from_parquet` of the same files into an empty cache.
-Both in subprocesses whose RssAnon is sampled every 10 ms; peak growth is over the idle, imported process.
+Both in subprocesses whose RssAnon is sampled every 10 ms; peak growth is over the idle, imported process. Dirty
+pages are flushed (`sync`) before each side starts, so neither pays for writing back what ran before it.
 """
 
 from __future__ import annotations
+
+import os
 
 from bench.context import Context
 from bench.report import Row
@@ -20,6 +23,7 @@ def run(ctx: Context) -> list[Row]:
         dataset = ctx.datasets[name]
         cache = ctx.scratch("p6-episerve")
         args = {"root": str(ctx.data_root), "cache_dir": str(cache), "dataset": name}
+        os.sync()  # neither side starts while the kernel still writes back what earlier figures wrote
         ours, ours_mem = run_job("episerve-build", args, ctx.logs / "p6.log")
         ctx.drop_scratch("p6-episerve")
         hf_cache = ctx.scratch("p6-hf")
@@ -29,6 +33,7 @@ def run(ctx: Context) -> list[Row]:
             "cache_dir": str(hf_cache),
             "hf_home": str(ctx.workdir / "hf-home"),
         }
+        os.sync()
         theirs, theirs_mem = run_job("hf-load", args, ctx.logs / "p6.log")
         ctx.drop_scratch("p6-hf")
         source = dataset.parquet_bytes / MB
