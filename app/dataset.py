@@ -22,7 +22,7 @@ from app.cold_reads import ParquetRows
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
-from app.gather import RowGather, fixed_row_widths
+from app.gather import copies_row_by_row, gather, gather_kinds
 from app.layouts import Layout, read_layout
 from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
 from app.settings import Settings
@@ -241,7 +241,7 @@ class Dataset:
             sources = self._mapped_sources(index, touched, len(rows), names, inline_bytes)
         segments_only = all(isinstance(s, Segment) for s in sources.values())
         if segments_only:
-            copied = self._gather_fixed_width(sources, files, stored, names, schema)
+            copied = self._gather_by_copy(sources, files, stored, names, schema)
             if copied is not None:
                 return copied
         if segments_only and len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
@@ -307,26 +307,28 @@ class Dataset:
             raise SourceChanged(str(parquet.path)) from exc
 
     @staticmethod
-    def _gather_fixed_width(
+    def _gather_by_copy(
         sources: dict[int, Segment | ParquetRows],
         files: np.ndarray,
         stored: np.ndarray,
         names: list[str] | None,
         schema: pa.Schema,
     ) -> pa.Table | None:
-        """Rows of fixed-width, null-free columns copied byte-wise into request order (see `app.gather`);
-        None when a column is not like that."""
-        widths = fixed_row_widths(schema)
-        if widths is None:
+        """Rows copied byte-wise from the maps straight into request order (see `app.gather`); None when a
+        column cannot be copied so, or when too many rows would be copied one by one."""
+        kinds = gather_kinds(schema)
+        if kinds is None or (len(files) > _ROW_SLICE_MAX and copies_row_by_row(kinds)):
             return None
-        gather = RowGather(schema, widths, len(files))
+        parts = []
         for number in np.unique(files).tolist():
             positions = np.flatnonzero(files == number)
             segment = sources[number]
             assert isinstance(segment, Segment)
-            if not segment.gather_into(gather, positions, stored[positions], names):
+            part = segment.gather_part(positions, stored[positions], names, kinds)
+            if part is None:
                 return None
-        return gather.table()
+            parts.append(part)
+        return gather(schema, kinds, parts, len(files))
 
     def _gather_row_slices(
         self,

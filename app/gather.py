@@ -1,25 +1,77 @@
-"""Row gathers of fixed-width columns as plain byte copies, straight into request order.
+"""Row gathers as plain byte copies out of the memory maps, straight into request order.
 
-A take of a few hundred narrow rows is dominated by per-call overhead when done with Arrow's `take`: one kernel call
-per column per touched stored batch, then a second take to restore the request order. When every selected column
-is fixed-width (numbers, fixed-size lists of numbers) and has no nulls, each row of a column is just `width`
-bytes at a known place in the memory-mapped buffer, so one NumPy fancy-index per column and stored batch copies
-the rows straight to their place in the answer.
+A take of a few hundred rows is dominated by per-call overhead when done with Arrow: one `take` kernel call per
+column per touched stored batch plus a second take to restore the request order, or (for wide rows) a
+concatenation of hundreds of one-row slices. But when every selected column is fixed-width (numbers,
+fixed-size lists of numbers), binary or string, or a struct of those, and holds no nulls, each value is a run
+of bytes at a computable address in a memory map. A take computes those addresses for all its rows at once and
+copies the bytes: a NumPy fancy-index per fixed-width column (per alignment class), and one small copy per row
+for variable-width values and very wide fixed ones, each landing at its place in the answer.
+
+Every address read lies inside a buffer of a stored batch: rows are bounded by the batch lengths, and offsets
+of variable-width columns are validated once per segment (monotonic, within their data buffer).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+_FANCY_MAX_WIDTH = 256  # wider fixed-width values are copied row by row, not through a per-byte index
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A byte-aligned fixed-width type (nested fixed-size lists included): `width` bytes per row."""
+
+    width: int
+
+
+@dataclass(frozen=True)
+class Variable:
+    """binary / string (or their large forms): an offsets buffer and a data buffer."""
+
+    offset_type: type[np.signedinteger]
+
+
+@dataclass(frozen=True)
+class Struct:
+    """A struct whose fields are each one of these kinds."""
+
+    fields: tuple[Kind, ...]
+
+
+Kind = Fixed | Variable | Struct
+
 
 @functools.lru_cache(maxsize=256)
-def fixed_row_widths(schema: pa.Schema) -> list[int] | None:
-    """Bytes per row of each column when every column is byte-aligned and fixed-width, else None."""
-    widths = [fixed_row_width(field.type) for field in schema]
-    return None if any(width is None for width in widths) else widths  # type: ignore[return-value]
+def gather_kinds(schema: pa.Schema) -> list[Kind] | None:
+    """How each column is copied, or None when one of them cannot be."""
+    kinds = [column_kind(field.type) for field in schema]
+    return None if any(kind is None for kind in kinds) else kinds  # type: ignore[return-value]
+
+
+def copies_row_by_row(kinds: Sequence[Kind]) -> bool:
+    """Whether some value is copied one row at a time (variable-width or very wide), not by a fancy-index."""
+    return any(isinstance(k, Variable) or k.width > _FANCY_MAX_WIDTH for k in _leaf_kinds(kinds))
+
+
+def column_kind(kind: pa.DataType) -> Kind | None:
+    width = fixed_row_width(kind)
+    if width is not None:
+        return Fixed(width)
+    if pa.types.is_binary(kind) or pa.types.is_string(kind):
+        return Variable(np.int32)
+    if pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+        return Variable(np.int64)
+    if pa.types.is_struct(kind) and kind.num_fields:
+        fields = [column_kind(kind.field(i).type) for i in range(kind.num_fields)]
+        return None if any(f is None for f in fields) else Struct(tuple(fields))  # type: ignore[arg-type]
+    return None
 
 
 def fixed_row_width(kind: pa.DataType) -> int | None:
@@ -36,45 +88,246 @@ def fixed_row_width(kind: pa.DataType) -> int | None:
     return bits // 8 if bits > 0 and bits % 8 == 0 else None
 
 
-def byte_rows(array: pa.Array, width: int) -> np.ndarray | None:
-    """The array's values as a 1-D NumPy array of `width`-byte items, without copying; None when it has nulls."""
-    leaf, start, per_row = array, 0, 1
+def _leaf_kinds(kinds: Sequence[Kind]) -> list[Fixed | Variable]:
+    found: list[Fixed | Variable] = []
+    for kind in kinds:
+        found.extend(_leaf_kinds(kind.fields) if isinstance(kind, Struct) else [kind])
+    return found
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """Where one buffer-level piece of a column starts, per stored batch (absolute addresses)."""
+
+    kind: Fixed | Variable
+    starts: np.ndarray  # fixed: the first value; variable: the first offset
+    data_starts: np.ndarray  # variable: the data buffer (fixed: unused)
+
+
+class MappedColumns:
+    """The selected columns of a segment's stored batches, located in the memory they are mapped from."""
+
+    def __init__(self, batches: list[pa.RecordBatch], leaves: list[_Leaf], low: int, high: int) -> None:
+        self.batches = batches  # keeps the mapped memory alive
+        self.leaves = leaves
+        self.low, self.high = low, high  # every value lies in [low, high)
+        self._views: list[list[np.ndarray]] | None = None
+
+    def batch_views(self) -> list[list[np.ndarray]]:
+        """Per stored batch, each fixed-width leaf as a NumPy array of `width`-byte items over the map."""
+        if self._views is None:
+            memory = _memory(self.low, self.high, self.batches)
+            views = []
+            for number, batch in enumerate(self.batches):
+                row = []
+                for leaf in self.leaves:
+                    if isinstance(leaf.kind, Fixed):
+                        start, width = int(leaf.starts[number]) - self.low, leaf.kind.width
+                        row.append(memory[start : start + len(batch) * width].view(np.dtype((np.void, width))))
+                views.append(row)
+            self._views = views
+        return self._views
+
+    @classmethod
+    def of(cls, batches: list[pa.RecordBatch], kinds: list[Kind]) -> MappedColumns | None:
+        """None when a column holds nulls or there are no rows (nothing to copy from)."""
+        located = [_Located() for _ in batches]
+        for batch, places in zip(batches, located, strict=True):
+            for column, kind in zip(batch.columns, kinds, strict=True):
+                if not _locate(column, kind, places):
+                    return None
+        regions = [region for places in located for region in places.regions]
+        if not regions:
+            return None
+        leaves = []
+        for number, kind in enumerate(_leaf_kinds(kinds)):
+            starts = np.array([places.starts[number] for places in located], dtype=np.int64)
+            data = np.array([places.data_starts[number] for places in located], dtype=np.int64)
+            leaves.append(_Leaf(kind, starts, data))
+        return cls(batches, leaves, min(r[0] for r in regions), max(r[1] for r in regions))
+
+
+class _Located:
+    """Addresses found in one stored batch: per leaf, where it starts; and every byte range values lie in."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.data_starts: list[int] = []
+        self.regions: list[tuple[int, int]] = []
+
+
+def _locate(array: pa.Array, kind: Kind, places: _Located) -> bool:
+    """Record where `array`'s leaves lie; False when it holds nulls or invalid offsets."""
+    if array.null_count:
+        return False
+    if isinstance(kind, Struct):
+        return all(_locate(array.field(i), field, places) for i, field in enumerate(kind.fields))
+    if isinstance(kind, Variable):
+        try:
+            array.validate(full=True)  # offsets monotonic and inside the data: every copy stays in bounds
+        except pa.ArrowInvalid:
+            return False
+        _, offsets, data = array.buffers()
+        start = offsets.address + array.offset * np.dtype(kind.offset_type).itemsize
+        places.starts.append(start)
+        places.data_starts.append(data.address if data is not None else 0)
+        if len(array):
+            places.regions.append((start, start + (len(array) + 1) * np.dtype(kind.offset_type).itemsize))
+            if data is not None and data.size:
+                places.regions.append((data.address, data.address + data.size))
+        return True
+    leaf, first = array, 0
     while pa.types.is_fixed_size_list(leaf.type):
         if leaf.null_count:
-            return None
-        start = (start + leaf.offset) * leaf.type.list_size
-        per_row *= leaf.type.list_size
+            return False
+        first = (first + leaf.offset) * leaf.type.list_size
         leaf = leaf.values
     if leaf.null_count:
-        return None
-    leaf_width = leaf.type.bit_width // 8
-    start = (start + leaf.offset) * leaf_width
-    values = np.frombuffer(leaf.buffers()[1], dtype=np.uint8)
-    return values[start : start + len(array) * per_row * leaf_width].view(np.dtype((np.void, width)))
+        return False
+    start = leaf.buffers()[1].address + (first + leaf.offset) * (leaf.type.bit_width // 8)
+    places.starts.append(start)
+    places.data_starts.append(0)
+    if len(array):
+        places.regions.append((start, start + len(array) * kind.width))
+    return True
 
 
-class RowGather:
-    """The answer of a take under construction: one byte array per column, filled in any order."""
+@dataclass(frozen=True)
+class Part:
+    """Rows of one segment for a take: stored batch and row within it, and their positions in the answer."""
 
-    def __init__(self, schema: pa.Schema, widths: list[int], rows: int) -> None:
-        self.schema = schema
-        self.widths = widths
-        self.rows = rows
-        self.columns = [np.empty(rows, dtype=np.dtype((np.void, width))) for width in widths]
-
-    def put(self, positions: np.ndarray, sources: list[np.ndarray], rows: np.ndarray) -> None:
-        """Rows `rows` of the byte columns `sources` go to answer positions `positions`."""
-        for column, source in zip(self.columns, sources, strict=True):
-            column[positions] = source[rows]
-
-    def table(self) -> pa.Table:
-        fields_and_bytes = zip(self.schema, self.columns, strict=True)
-        arrays = [_from_bytes(field.type, self.rows, column) for field, column in fields_and_bytes]
-        return pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=self.schema)])
+    mapped: MappedColumns
+    positions: np.ndarray
+    batches: np.ndarray
+    rows: np.ndarray
 
 
-def _from_bytes(kind: pa.DataType, length: int, data: np.ndarray) -> pa.Array:
+def gather(schema: pa.Schema, kinds: list[Kind], parts: list[Part], length: int) -> pa.Table:
+    """The answer of `length` rows, each copied from the part that holds it."""
+    leaf_kinds = _leaf_kinds(kinds)
+    if all(isinstance(kind, Fixed) and kind.width <= _FANCY_MAX_WIDTH for kind in leaf_kinds):
+        columns = _gather_narrow(leaf_kinds, parts, length)  # type: ignore[arg-type]
+    else:
+        columns = _gather_spanning(leaf_kinds, parts, length)
+    leaves = iter(columns)
+    arrays = [_assemble(field.type, kind, leaves, length) for field, kind in zip(schema, kinds, strict=True)]
+    return pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=schema)])
+
+
+def _gather_narrow(leaf_kinds: list[Fixed], parts: list[Part], length: int) -> list[list[pa.Buffer | None]]:
+    """Narrow fixed-width rows (state/action vectors): one fancy-index per leaf and stored batch touched. Few
+    batches hold many such rows, so that is a handful of calls."""
+    outs = [np.empty(length, dtype=np.dtype((np.void, kind.width))) for kind in leaf_kinds]
+    for part in parts:
+        views = part.mapped.batch_views()
+        order = np.argsort(part.batches, kind="stable")
+        bounds = np.flatnonzero(np.diff(part.batches[order])) + 1
+        for group in np.split(order, bounds):
+            rows, positions = part.rows[group], part.positions[group]
+            for out, view in zip(outs, views[int(part.batches[group[0]])], strict=True):
+                out[positions] = view[rows]
+    return [[None, pa.py_buffer(out)] for out in outs]
+
+
+def _gather_spanning(
+    leaf_kinds: list[Fixed | Variable], parts: list[Part], length: int
+) -> list[list[pa.Buffer | None]]:
+    """Rows with wide or variable-width values (images, strings): one view across every touched segment, one
+    fancy-index for all narrow fixed-width values together, then one copy per row for the others. Such rows
+    are few per stored batch, so per-batch calls would be one or two rows each."""
+    low = min(p.mapped.low for p in parts)
+    memory = _memory(low, max(p.mapped.high for p in parts), [p.mapped.batches for p in parts])
+    positions = np.concatenate([p.positions for p in parts])
+    rows = np.concatenate([p.rows for p in parts])
+    starts = [
+        np.concatenate([p.mapped.leaves[n].starts[p.batches] for p in parts]) - low for n in range(len(leaf_kinds))
+    ]
+    narrow = [n for n, kind in enumerate(leaf_kinds) if isinstance(kind, Fixed) and kind.width <= _FANCY_MAX_WIDTH]
+    columns: dict[int, list[pa.Buffer | None]] = {}
+    if narrow:
+        widths = [leaf_kinds[n].width for n in narrow]  # type: ignore[union-attr]
+        addresses = np.stack([starts[n] + rows * w for n, w in zip(narrow, widths, strict=True)], axis=1)
+        byte_leaf, byte_offset = _byte_layout(tuple(widths))
+        copied = memory[addresses[:, byte_leaf] + byte_offset]  # (rows, sum of widths) bytes
+        ordered = np.empty_like(copied)
+        ordered[positions] = copied
+        edges = np.cumsum([0, *widths])
+        for n, first, last in zip(narrow, edges[:-1], edges[1:], strict=True):
+            columns[n] = [None, pa.py_buffer(np.ascontiguousarray(ordered[:, first:last]))]
+    for n, kind in enumerate(leaf_kinds):
+        if isinstance(kind, Variable):
+            data = np.concatenate([p.mapped.leaves[n].data_starts[p.batches] for p in parts]) - low
+            columns[n] = _copy_variable(memory, starts[n], rows, data, positions, kind, length)
+        elif n not in columns:
+            columns[n] = _copy_wide(memory, starts[n] + rows * kind.width, positions, kind.width, length)
+    return [columns[n] for n in range(len(leaf_kinds))]
+
+
+def _memory(low: int, high: int, owner: object) -> np.ndarray:
+    """Bytes [low, high) of the address space, kept alive by `owner` (record batches over memory maps). Only
+    addresses inside those batches' buffers are ever read through it."""
+    return np.frombuffer(pa.foreign_buffer(low, high - low, base=owner), dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=256)
+def _byte_layout(widths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For each byte of a row of narrow fixed-width values laid side by side: its leaf, and its offset there."""
+    leaf = np.repeat(np.arange(len(widths)), widths)
+    offset = np.concatenate([np.arange(w) for w in widths])
+    return leaf, offset
+
+
+def _copy_wide(
+    memory: np.ndarray, addresses: np.ndarray, positions: np.ndarray, width: int, length: int
+) -> list[pa.Buffer | None]:
+    out = pa.allocate_buffer(length * width)
+    target, source = memoryview(out).cast("B"), memoryview(memory)
+    for position, address in zip(positions.tolist(), addresses.tolist(), strict=True):
+        target[position * width : (position + 1) * width] = source[address : address + width]
+    return [None, out]
+
+
+def _copy_variable(
+    memory: np.ndarray,
+    offset_starts: np.ndarray,
+    rows: np.ndarray,
+    data_starts: np.ndarray,
+    positions: np.ndarray,
+    kind: Variable,
+    length: int,
+) -> list[pa.Buffer | None]:
+    offset_type = np.dtype(kind.offset_type)
+    size = offset_type.itemsize
+    at = offset_starts + rows * size
+    bounds = memory[at[:, None] + np.arange(2 * size)].view(offset_type).astype(np.int64)  # (rows, 2)
+    lengths = np.zeros(length, dtype=np.int64)
+    lengths[positions] = bounds[:, 1] - bounds[:, 0]
+    offsets = np.zeros(length + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > np.iinfo(offset_type).max:
+        raise OverflowError("the gathered values do not fit their offsets")
+    values = pa.allocate_buffer(int(offsets[-1]))  # from Arrow's pool: reused pages, not fresh ones each time
+    target, source = memoryview(values).cast("B"), memoryview(memory)
+    copies = zip(
+        offsets[positions].tolist(), (data_starts + bounds[:, 0]).tolist(), lengths[positions].tolist(), strict=True
+    )
+    for target_at, source_at, count in copies:
+        target[target_at : target_at + count] = source[source_at : source_at + count]
+    return [None, pa.py_buffer(offsets.astype(offset_type)), values]
+
+
+def _assemble(kind: pa.DataType, plan: Kind, leaves: Iterator[list[pa.Buffer | None]], length: int) -> pa.Array:
+    if isinstance(plan, Struct):
+        children = [_assemble(kind.field(i).type, field, leaves, length) for i, field in enumerate(plan.fields)]
+        return pa.Array.from_buffers(kind, length, [None], children=children)
+    buffers = next(leaves)
+    if isinstance(plan, Variable):
+        return pa.Array.from_buffers(kind, length, buffers)
+    return _fixed_array(kind, length, buffers[1])
+
+
+def _fixed_array(kind: pa.DataType, length: int, data: pa.Buffer) -> pa.Array:
     if pa.types.is_fixed_size_list(kind):
-        child = _from_bytes(kind.value_type, length * kind.list_size, data)
+        child = _fixed_array(kind.value_type, length * kind.list_size, data)
         return pa.Array.from_buffers(kind, length, [None], children=[child])
-    return pa.Array.from_buffers(kind, length, [None, pa.py_buffer(data)])
+    return pa.Array.from_buffers(kind, length, [None, data])

@@ -39,7 +39,7 @@ from app import metrics
 from app.episode_index import SourceFingerprint, schema_hash
 from app.errors import DatasetError
 from app.files import fsync_directory, write_atomically
-from app.gather import RowGather, byte_rows
+from app.gather import Kind, MappedColumns, Part
 
 SEGMENT_FORMAT = 2
 _UNKNOWN = object()  # not looked at yet (None is an answer)
@@ -62,7 +62,7 @@ class Segment:
     nbytes: int
     _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
     _row_bytes: dict[tuple[str, ...] | None, float] = field(default_factory=dict, repr=False)
-    _byte_columns: dict[tuple[str, ...] | None, list[list[np.ndarray]] | None] = field(default_factory=dict, repr=False)
+    _mapped_columns: dict[tuple[str, ...] | None, MappedColumns | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._offsets_list = self.batch_offsets.tolist()
@@ -110,37 +110,29 @@ class Segment:
             size = self._row_bytes[key] = sum(b.nbytes for b in batches) / max(1, self.num_rows)
         return size
 
-    def byte_columns(self, columns: list[str] | None, widths: list[int]) -> list[list[np.ndarray]] | None:
-        """Per stored batch, the selected fixed-width columns (of `widths` bytes per row) as NumPy views of the
-        map, remembered per selection; None when a column has nulls (see `app.gather`)."""
+    def mapped_columns(self, columns: list[str] | None, kinds: list[Kind]) -> MappedColumns | None:
+        """The selected columns located in the map, for `app.gather` (remembered per selection); None when a
+        column holds nulls."""
         key = None if columns is None else tuple(columns)
-        known = self._byte_columns.get(key, _UNKNOWN)
+        known = self._mapped_columns.get(key, _UNKNOWN)
         if known is not _UNKNOWN:
             return known  # type: ignore[return-value]
-        views = [
-            [byte_rows(column, width) for column, width in zip(batch.columns, widths, strict=True)]
-            for batch in self.projected(columns)
-        ]
-        complete = all(view is not None for batch in views for view in batch)
-        if len(self._byte_columns) >= 16:
-            self._byte_columns.clear()
-        found = self._byte_columns[key] = views if complete else None  # type: ignore[assignment]
+        found = MappedColumns.of(self.projected(columns), kinds)
+        if len(self._mapped_columns) >= 16:
+            self._mapped_columns.clear()
+        self._mapped_columns[key] = found
         return found
 
-    def gather_into(
-        self, gather: RowGather, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None
-    ) -> bool:
-        """Copy stored `rows` to `positions` of the answer; False (nothing copied) when a column has nulls."""
-        views = self.byte_columns(columns, gather.widths)
-        if views is None:
-            return False
+    def gather_part(
+        self, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None, kinds: list[Kind]
+    ) -> Part | None:
+        """Stored `rows`, going to answer `positions`, located for `app.gather.gather`; None when a column
+        holds nulls."""
+        mapped = self.mapped_columns(columns, kinds)
+        if mapped is None:
+            return None
         numbers = np.searchsorted(self.batch_offsets, rows, side="right") - 1
-        order = np.argsort(numbers, kind="stable")
-        bounds = np.flatnonzero(np.diff(numbers[order])) + 1
-        for group in np.split(order, bounds):
-            number = int(numbers[group[0]])
-            gather.put(positions[group], views[number], rows[group] - self.batch_offsets[number])
-        return True
+        return Part(mapped, positions, numbers, rows - self.batch_offsets[numbers])
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> list[pa.RecordBatch]:
         """Rows at the given positions (ascending), gathered batch by batch so no whole column is touched."""

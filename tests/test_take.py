@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.catalog import Catalog
-from app.gather import byte_rows, fixed_row_width, fixed_row_widths
+from app.gather import MappedColumns, Part, fixed_row_width, gather, gather_kinds
 from app.settings import Settings
 from tests.support import assert_tables_equal, oracle
 
@@ -120,16 +120,61 @@ def test_fixed_width_take_equals_oracle_in_request_order(fixed: tuple[Path, Cata
     assert_tables_equal(taken, expected if columns is None else expected.select(columns))
 
 
-def test_fixed_width_byte_views_follow_offsets_and_refuse_nulls() -> None:
-    values = pa.array(np.arange(40, dtype=np.int16))
-    nested = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(values, 2), 2).slice(3, 5)
-    width = fixed_row_width(nested.type)
-    assert width == 8
-    rows = byte_rows(nested, width)
-    assert rows is not None and len(rows) == 5
-    assert np.frombuffer(rows[1].tobytes(), np.int16).tolist() == [16, 17, 18, 19]  # row 4 of the unsliced array
-    assert byte_rows(pa.array([1.0, None]), 8) is None
-    for kind in (pa.bool_(), pa.string(), pa.list_(pa.int8()), pa.struct([("a", pa.int8())]), pa.null()):
-        assert fixed_row_width(kind) is None, kind
-    assert fixed_row_widths(pa.schema([("a", pa.int8()), ("b", pa.binary(5))])) == [1, 5]
-    assert fixed_row_widths(pa.schema([("a", pa.int8()), ("b", pa.bool_())])) is None
+def _segment_batches(seed: int) -> list[pa.RecordBatch]:
+    """Record batches with sliced (offset) arrays of every copyable kind, as two stored batches."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    table = pa.table(
+        {
+            "grid": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 99, n * 4), pa.int16()), 2), 2
+            ),
+            "x": rng.normal(size=n),
+            "code": pa.array([rng.bytes(3) for _ in range(n)], pa.binary(3)),
+            "frame": pa.array([{"bytes": rng.bytes(int(rng.integers(0, 40))), "path": f"p{i}"} for i in range(n)]),
+            "note": pa.array([f"row {seed}-{i}" * int(rng.integers(0, 3)) for i in range(n)], pa.large_string()),
+            "wide": pa.FixedSizeListArray.from_arrays(pa.array(rng.normal(size=n * 40)), 40),  # 320 bytes a row
+        }
+    )
+    return [b.slice(3, 20) for b in table.to_batches(max_chunksize=30)]
+
+
+@pytest.mark.parametrize("columns", [None, ["grid", "x", "code"], ["frame", "x"], ["note", "wide"], ["wide"]])
+def test_gather_copies_rows_of_every_kind_from_offset_arrays_in_request_order(columns: list[str] | None) -> None:
+    segments = [_segment_batches(1), _segment_batches(2)]
+    if columns is not None:
+        segments = [[b.select(columns) for b in batches] for batches in segments]
+    schema = segments[0][0].schema
+    kinds = gather_kinds(schema)
+    assert kinds is not None
+    mapped = [MappedColumns.of(batches, kinds) for batches in segments]
+    assert all(m is not None for m in mapped)
+    rng = np.random.default_rng(3)
+    files = rng.integers(0, 2, 150)
+    stored = rng.integers(0, 40, 150)  # two batches of 20 rows per segment
+    parts = []
+    for number in (0, 1):
+        positions = np.flatnonzero(files == number)
+        batch, row = np.divmod(stored[positions], 20)
+        parts.append(Part(mapped[number], positions, batch, row))  # type: ignore[arg-type]
+    got = gather(schema, kinds, parts, len(files))
+    tables = [pa.Table.from_batches(batches) for batches in segments]
+    expected = pa.concat_tables([tables[f].slice(int(r), 1) for f, r in zip(files, stored, strict=True)])
+    assert_tables_equal(got, expected)
+
+
+def test_columns_that_cannot_be_copied_byte_wise_are_refused() -> None:
+    assert fixed_row_width(pa.list_(pa.int8())) is None
+    for kind in (
+        pa.bool_(),
+        pa.list_(pa.int8()),
+        pa.struct([("a", pa.bool_())]),
+        pa.null(),
+        pa.dictionary(pa.int8(), pa.string()),
+    ):
+        assert gather_kinds(pa.schema([("a", pa.int8()), ("b", kind)])) is None, kind
+    assert gather_kinds(pa.schema([("a", pa.int8()), ("b", pa.binary(5))])) is not None
+    nullable = pa.record_batch({"x": pa.array([1.0, None])})
+    assert MappedColumns.of([nullable], gather_kinds(nullable.schema)) is None  # type: ignore[arg-type]
+    struct_nulls = pa.record_batch({"s": pa.array([{"b": b"x"}, None], pa.struct([("b", pa.binary())]))})
+    assert MappedColumns.of([struct_nulls], gather_kinds(struct_nulls.schema)) is None  # type: ignore[arg-type]
