@@ -4,9 +4,13 @@ A take of a few hundred rows is dominated by per-call overhead when done with Ar
 column per touched stored batch plus a second take to restore the request order, or (for wide rows) a
 concatenation of hundreds of one-row slices. But when every selected column is fixed-width (numbers,
 fixed-size lists of numbers), binary or string, or a struct of those, and holds no nulls, each value is a run
-of bytes at a computable address in a memory map. A take computes those addresses for all its rows at once and
-copies the bytes: a NumPy fancy-index per fixed-width column (per alignment class), and one small copy per row
-for variable-width values and very wide fixed ones, each landing at its place in the answer.
+of bytes at a computable address in a memory map, and a take copies those bytes to their places in the answer:
+
+- narrow rows (only fixed-width values of up to 256 bytes, e.g. state/action vectors; a stored batch holds tens
+  of thousands): one NumPy fancy-index per column and touched stored batch;
+- other rows (images, strings; a stored batch holds a few hundred, so a take touches most batches once or
+  twice): one view over the address range of every touched segment, one fancy-index for all their narrow
+  values together, one copy per row for the rest.
 
 Every address read lies inside a buffer of a stored batch: rows are bounded by the batch lengths, and offsets
 of variable-width columns are validated once per segment (monotonic, within their data buffer).
