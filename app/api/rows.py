@@ -16,12 +16,12 @@ from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, TypeAdapter, ValidationError
 
+from app.api.arrow_response import ArrowStreamResponse
 from app.api.deps import get_dataset, get_settings, json_body_schema, read_json_body, run_read
 from app.api.problems import ProblemException
 from app.arrow_stream import (
     ARROW_STREAM_MEDIA_TYPE,
     encode_compressed_stream,
-    encode_stream,
     encode_stream_at_once,
     stream_size,
     table_batches,
@@ -116,7 +116,7 @@ def _columns(spec: str | None) -> list[str] | None:
 def _arrow_response(
     schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str], compression: Compression
 ) -> Response:
-    """Small bodies in one piece (no per-chunk thread hops); large ones streamed batch by batch."""
+    """Small bodies in one piece; large ones streamed batch by batch (compressed ones without a known length)."""
     size = stream_size(schema, batches)
     headers = {**headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
     codec = None if compression in (None, "none") else compression
@@ -128,8 +128,7 @@ def _arrow_response(
     if codec is not None:
         chunks = encode_compressed_stream(schema, batches, codec)
         return StreamingResponse(chunks, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
-    headers["Content-Length"] = str(size)
-    return StreamingResponse(encode_stream(schema, batches), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+    return ArrowStreamResponse(schema, batches, headers, size)
 
 
 @router.get(

@@ -1,0 +1,73 @@
+"""Large `/rows` responses stream batch by batch with an exact length, and stop when the client leaves."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support import ServerProcess, assert_tables_equal, read_stream
+from tests.test_operations import metric
+
+ROWS_ENDPOINT = "/datasets/{dataset_id:path}/rows"
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, pa.Table]]:
+    """A 24 MB dataset (blobs of 12 KB), served with small stored batches so a response spans many of them."""
+    root = tmp_path_factory.mktemp("big-root")
+    (root / "big").mkdir()
+    rng = np.random.default_rng(4)
+    n = 2000
+    table = pa.table(
+        {
+            "episode_index": np.repeat(np.arange(20), n // 20),
+            "blob": [rng.bytes(12_000) for _ in range(n)],
+            "x": rng.normal(size=n),
+        }
+    )
+    pq.write_table(table, root / "big" / "part-0.parquet", row_group_size=100)
+    env = {"EPISERVE_BUILD_BATCH_BYTES": str(1 << 20)}
+    with ServerProcess([root], tmp_path_factory.mktemp("big-cache"), env=env) as server:
+        yield server, table
+
+
+def test_a_large_range_streams_every_row_with_an_exact_length(big: tuple[ServerProcess, pa.Table]) -> None:
+    server, table = big
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        answer = http.get("/datasets/big/rows", params={"start": 150, "stop": 1950})
+        assert answer.status_code == 200
+        assert int(answer.headers["content-length"]) == len(answer.content) > 20_000_000
+        assert answer.headers["x-row-count"] == "1800"
+        assert_tables_equal(read_stream(answer.content), table.slice(150, 1800))
+        body = http.post("/datasets/big/rows", json={"episodes": [3, 1], "columns": ["x", "blob"]})
+        expected = pa.concat_tables([table.slice(100, 100), table.slice(300, 100)]).select(["x", "blob"])
+        assert_tables_equal(read_stream(body.content), expected)
+
+
+def test_a_client_leaving_mid_stream_ends_it_as_499_and_the_server_goes_on(big: tuple[ServerProcess, pa.Table]) -> None:
+    server, table = big
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        before = metric(
+            http.get("/metrics").text, "episerve_requests_total", endpoint=ROWS_ENDPOINT, method="GET", status="499"
+        )
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"GET /datasets/big/rows HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            received = 0
+            while received < 200_000:
+                received += len(sock.recv(65536))
+        deadline = time.monotonic() + 10
+        left = before
+        while left == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = http.get("/metrics").text
+            left = metric(text, "episerve_requests_total", endpoint=ROWS_ENDPOINT, method="GET", status="499")
+        assert left == before + 1
+        whole = http.get("/datasets/big/rows", params={"start": 0, "stop": 10})
+        assert_tables_equal(read_stream(whole.content), table.slice(0, 10))
