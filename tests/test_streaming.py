@@ -33,6 +33,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProces
         }
     )
     pq.write_table(table, root / "big" / "part-0.parquet", row_group_size=100)
+    (root / "big" / "episerve.json").write_text('{"fps": 10}')
     env = {"EPISERVE_BUILD_BATCH_BYTES": str(1 << 20)}
     with ServerProcess([root], tmp_path_factory.mktemp("big-cache"), env=env) as server:
         yield server, table
@@ -71,3 +72,19 @@ def test_a_client_leaving_mid_stream_ends_it_as_499_and_the_server_goes_on(big: 
         assert left == before + 1
         whole = http.get("/datasets/big/rows", params={"start": 0, "stop": 10})
         assert_tables_equal(read_stream(whole.content), table.slice(0, 10))
+
+
+def test_a_windowed_answer_larger_than_a_piece_is_sent_in_slices_intact(big: tuple[ServerProcess, pa.Table]) -> None:
+    server, table = big
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        params = {"start": 0, "stop": 1500, "columns": "blob", "delta_timestamps": '{"blob": [0, 0.1]}'}
+        answer = http.get("/datasets/big/rows", params=params)
+        assert answer.status_code == 200, answer.text
+        assert int(answer.headers["content-length"]) == len(answer.content) > 36_000_000  # one 36 MB batch, cut
+    got = read_stream(answer.content)
+    assert got.num_rows == 1500 and got.column_names == ["blob", "blob_is_pad"]
+    blobs = table["blob"].to_pylist()
+    for row in (0, 98, 99, 100, 777, 1499):
+        last = row // 100 * 100 + 99  # episodes hold 100 rows each
+        assert got["blob"][row].as_py() == [blobs[row], blobs[min(row + 1, last)]]
+        assert got["blob_is_pad"][row].as_py() == [False, row + 1 > last]

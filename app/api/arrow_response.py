@@ -2,8 +2,9 @@
 
 Starlette's `StreamingResponse` runs a synchronous body iterator through the thread pool, one hand-off per chunk,
 plus a task group watching for the client leaving; for a 15 MB range that machinery cost more server CPU than
-the bytes. Here each batch (at most a few MiB: stored batches are bounded when segments are built) is
-serialised on the event loop right before it is sent, and the stream stops as soon as the client goes away.
+the bytes. Here each batch is serialised on the event loop right before it is sent (stored batches are a few MiB;
+larger ones, such as windowed answers, are cut into slices first), and the stream stops as soon as the client
+goes away.
 """
 
 from __future__ import annotations
@@ -17,6 +18,21 @@ from starlette.types import Receive, Scope, Send
 
 from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, encode_stream, stream_size
 
+_PIECE_BYTES = 16 * 1024 * 1024  # larger batches (windowed answers) are sent as slices: the loop never waits long
+
+
+def bounded(batches: Sequence[pa.RecordBatch], max_bytes: int) -> list[pa.RecordBatch]:
+    """`batches`, with any larger than `max_bytes` cut into zero-copy slices of about that size."""
+    pieces = []
+    for batch in batches:
+        size = batch.nbytes
+        if size <= max_bytes or batch.num_rows < 2:
+            pieces.append(batch)
+            continue
+        step = max(1, batch.num_rows * max_bytes // size)
+        pieces.extend(batch.slice(start, step) for start in range(0, batch.num_rows, step))
+    return pieces
+
 
 class ArrowStreamResponse(Response):
     """`schema` and `batches` as one Arrow IPC stream of known length (`size`, computed when not given)."""
@@ -26,10 +42,12 @@ class ArrowStreamResponse(Response):
     def __init__(
         self, schema: pa.Schema, batches: Sequence[pa.RecordBatch], headers: dict[str, str], size: int | None = None
     ) -> None:
-        size = stream_size(schema, batches) if size is None else size
+        pieces = bounded(batches, _PIECE_BYTES)
+        if size is None or len(pieces) != len(batches):
+            size = stream_size(schema, pieces)
         super().__init__(headers={**headers, "Content-Length": str(size)})
         self.schema = schema
-        self.batches = batches
+        self.batches = pieces
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnect(receive))
