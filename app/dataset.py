@@ -267,13 +267,15 @@ class Dataset:
         self, index: EpisodeIndex, touched: set[int], rows: int, names: list[str] | None, inline_bytes: int
     ) -> dict[int, Segment | ParquetRows]:
         """The touched files' segments if all are mapped already and `rows` of them fit `inline_bytes`."""
-        segments = {number: self.segments.opened(index.files[number]) for number in touched}
-        mapped = {number: segment for number, segment in segments.items() if segment is not None}
-        if len(mapped) < len(segments):
-            raise WouldBlock(f"a segment of dataset {self.id!r} is not mapped yet")
-        if rows * max(segment.row_bytes(names) for segment in mapped.values()) > inline_bytes:
-            raise WouldBlock(f"{rows} rows are more than {inline_bytes} bytes")
-        return dict(mapped)
+        sources: dict[int, Segment | ParquetRows] = {}
+        for number in touched:
+            segment = self.segments.opened(index.files[number])
+            if segment is None:
+                raise WouldBlock(f"segment of {index.files[number].path} is not mapped yet")
+            if rows * segment.row_bytes(names) > inline_bytes:
+                raise WouldBlock(f"{rows} rows are more than {inline_bytes} bytes")
+            sources[number] = segment
+        return sources
 
     def _row_sources(
         self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray

@@ -61,7 +61,12 @@ def gather_kinds(schema: pa.Schema) -> list[Kind] | None:
 
 def copies_row_by_row(kinds: Sequence[Kind]) -> bool:
     """Whether some value is copied one row at a time (variable-width or very wide), not by a fancy-index."""
-    return any(isinstance(k, Variable) or k.width > _FANCY_MAX_WIDTH for k in _leaf_kinds(kinds))
+    return not all(_narrow(kind) for kind in _leaf_kinds(kinds))
+
+
+def _narrow(kind: Fixed | Variable) -> bool:
+    """Copied by a fancy-index over `width`-byte items (rather than one copy per row)."""
+    return isinstance(kind, Fixed) and kind.width <= _FANCY_MAX_WIDTH
 
 
 def column_kind(kind: pa.DataType) -> Kind | None:
@@ -209,7 +214,7 @@ class Part:
 def gather(schema: pa.Schema, kinds: list[Kind], parts: list[Part], length: int) -> pa.Table:
     """The answer of `length` rows, each copied from the part that holds it."""
     leaf_kinds = _leaf_kinds(kinds)
-    if all(isinstance(kind, Fixed) and kind.width <= _FANCY_MAX_WIDTH for kind in leaf_kinds):
+    if not copies_row_by_row(kinds):
         columns = _gather_narrow(leaf_kinds, parts, length)  # type: ignore[arg-type]
     else:
         columns = _gather_spanning(leaf_kinds, parts, length)
@@ -246,7 +251,7 @@ def _gather_spanning(
     starts = [
         np.concatenate([p.mapped.leaves[n].starts[p.batches] for p in parts]) - low for n in range(len(leaf_kinds))
     ]
-    narrow = [n for n, kind in enumerate(leaf_kinds) if isinstance(kind, Fixed) and kind.width <= _FANCY_MAX_WIDTH]
+    narrow = [n for n, kind in enumerate(leaf_kinds) if _narrow(kind)]
     columns: dict[int, list[pa.Buffer | None]] = {}
     if narrow:
         widths = [leaf_kinds[n].width for n in narrow]  # type: ignore[union-attr]

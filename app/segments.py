@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -43,6 +44,22 @@ from app.gather import Kind, MappedColumns, Part
 
 SEGMENT_FORMAT = 2
 _UNKNOWN = object()  # not looked at yet (None is an answer)
+_SELECTIONS_REMEMBERED = 16
+V = TypeVar("V")
+
+
+def _remembered(cache: dict[Any, V], key: Any, compute: Callable[[], V]) -> V:
+    """`cache[key]`, computed on first use. Per-selection caches of a segment keep a few selections: a full one is
+    emptied rather than grown (clients use a handful of column selections)."""
+    found = cache.get(key, _UNKNOWN)
+    if found is _UNKNOWN:
+        found = compute()
+        if len(cache) >= _SELECTIONS_REMEMBERED:
+            cache.clear()
+        cache[key] = found
+    return found  # type: ignore[return-value]
+
+
 log = logging.getLogger("episerve.cache")
 _MAX_BATCH_ROWS = 65_536
 
@@ -91,37 +108,20 @@ class Segment:
         """The stored batches restricted to `columns` (zero-copy; remembered per selection)."""
         if columns is None:
             return self.batches
-        key = tuple(columns)
-        batches = self._projections.get(key)
-        if batches is None:
-            if len(self._projections) >= 16:
-                self._projections.clear()
-            batches = self._projections[key] = [b.select(columns) for b in self.batches]
-        return batches
+        return _remembered(self._projections, tuple(columns), lambda: [b.select(columns) for b in self.batches])
 
     def row_bytes(self, columns: list[str] | None = None) -> float:
         """Average stored bytes per row of the selected columns (remembered per selection)."""
         key = None if columns is None else tuple(columns)
-        size = self._row_bytes.get(key)
-        if size is None:
-            if len(self._row_bytes) >= 16:
-                self._row_bytes.clear()
-            batches = self.projected(columns)
-            size = self._row_bytes[key] = sum(b.nbytes for b in batches) / max(1, self.num_rows)
-        return size
+        return _remembered(
+            self._row_bytes, key, lambda: sum(b.nbytes for b in self.projected(columns)) / max(1, self.num_rows)
+        )
 
     def mapped_columns(self, columns: list[str] | None, kinds: list[Kind]) -> MappedColumns | None:
         """The selected columns located in the map, for `app.gather` (remembered per selection); None when a
         column holds nulls."""
         key = None if columns is None else tuple(columns)
-        known = self._mapped_columns.get(key, _UNKNOWN)
-        if known is not _UNKNOWN:
-            return known  # type: ignore[return-value]
-        found = MappedColumns.of(self.projected(columns), kinds)
-        if len(self._mapped_columns) >= 16:
-            self._mapped_columns.clear()
-        self._mapped_columns[key] = found
-        return found
+        return _remembered(self._mapped_columns, key, lambda: MappedColumns.of(self.projected(columns), kinds))
 
     def gather_part(
         self, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None, kinds: list[Kind]
@@ -139,12 +139,10 @@ class Segment:
         numbers = np.searchsorted(self.batch_offsets, rows, side="right") - 1
         bounds = np.flatnonzero(np.diff(numbers)) + 1
         pieces = []
+        batches = self.projected(columns)
         for group in np.split(np.arange(len(rows)), bounds):
             number = int(numbers[group[0]])
-            batch = self.batches[number]
-            if columns is not None:
-                batch = batch.select(columns)
-            pieces.append(batch.take(pa.array(rows[group] - self.batch_offsets[number])))
+            pieces.append(batches[number].take(pa.array(rows[group] - self.batch_offsets[number])))
         return pieces
 
 

@@ -78,24 +78,19 @@ async def _buffer_body(receive: Receive, limit: int) -> tuple[bytes, bool, Recei
     size = 0
     while True:
         message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks), False, _replaying([*_as_messages(chunks, more=True), message], receive)
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if not message.get("more_body", False):
+        if message["type"] != "http.request":  # the client left: the route hears it after the partial body
+            return b"".join(chunks), False, _replaying(b"".join(chunks), True, receive, message)
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        complete = not message.get("more_body", False)
+        if complete or size > limit:
             body = b"".join(chunks)
-            return body, True, _replaying(_as_messages([body], more=False), receive)
-        if size > limit:
-            return b"".join(chunks), False, _replaying(_as_messages(chunks, more=True), receive)
+            return body, complete, _replaying(body, not complete, receive)
 
 
-def _as_messages(chunks: list[bytes], more: bool) -> list[Message]:
-    return [{"type": "http.request", "body": b"".join(chunks), "more_body": more}]
-
-
-def _replaying(messages: list[Message], receive: Receive) -> Receive:
-    pending = list(messages)
+def _replaying(body: bytes, more: bool, receive: Receive, *then: Message) -> Receive:
+    """A `receive` that first hands over `body` (and `then`), then whatever `receive` brings."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": more}, *then]
 
     async def replay() -> Message:
         if pending:

@@ -21,29 +21,17 @@ MB = 1e6
 ROUNDS = 2
 
 
-def _episerve_build(ctx: Context, name: str) -> tuple[dict, RssSampler]:
-    cache = ctx.scratch("p6-episerve")
-    args = {"root": str(ctx.data_root), "cache_dir": str(cache), "dataset": name}
+def _build(ctx: Context, job: str, name: str) -> tuple[dict, RssSampler]:
+    """One side's build of dataset `name` into an empty scratch cache (`episerve-build` or `hf-load`)."""
+    scratch = f"p6-{job}"
+    args = {"root": str(ctx.data_root), "dataset": name, "cache_dir": str(ctx.scratch(scratch))}
+    if job == "hf-load":
+        args["hf_home"] = str(ctx.workdir / "hf-home")
     os.sync()  # neither side starts while the kernel still writes back what ran before it
     try:
-        return run_job("episerve-build", args, ctx.logs / "p6.log")
+        return run_job(job, args, ctx.logs / "p6.log")
     finally:
-        ctx.drop_scratch("p6-episerve")
-
-
-def _hf_build(ctx: Context, name: str) -> tuple[dict, RssSampler]:
-    cache = ctx.scratch("p6-hf")
-    args = {
-        "root": str(ctx.data_root),
-        "dataset": name,
-        "cache_dir": str(cache),
-        "hf_home": str(ctx.workdir / "hf-home"),
-    }
-    os.sync()
-    try:
-        return run_job("hf-load", args, ctx.logs / "p6.log")
-    finally:
-        ctx.drop_scratch("p6-hf")
+        ctx.drop_scratch(scratch)
 
 
 def run(ctx: Context) -> list[Row]:
@@ -52,8 +40,8 @@ def run(ctx: Context) -> list[Row]:
         dataset = ctx.datasets[name]
         ours_runs, theirs_runs = [], []
         for _ in range(ROUNDS):
-            ours_runs.append(_episerve_build(ctx, name))
-            theirs_runs.append(_hf_build(ctx, name))
+            ours_runs.append(_build(ctx, "episerve-build", name))
+            theirs_runs.append(_build(ctx, "hf-load", name))
         ours = {"seconds": min(run[0]["seconds"] for run in ours_runs)}
         theirs = {"seconds": min(run[0]["seconds"] for run in theirs_runs)}
         ours_mem = max((run[1] for run in ours_runs), key=lambda sampler: sampler.growth)
