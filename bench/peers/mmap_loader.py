@@ -16,7 +16,7 @@ import pyarrow as pa
 import torch
 
 from bench.peers.ipc import MmapTable
-from episerve._shared import TensorBatch
+from episerve import TensorBatch
 
 
 def table_to_tensors(table: pa.Table) -> dict[str, Any]:

@@ -10,6 +10,7 @@ them as views of that block: one descriptor per batch.
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from typing import Any
 
@@ -60,7 +61,4 @@ def _unpack(
 
 
 def _view(block: Any, dtype: Any, shape: tuple[int, ...], offset: int) -> Any:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return block[offset : offset + count * dtype.itemsize].view(dtype).view(shape)
+    return block[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
