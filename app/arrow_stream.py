@@ -1,7 +1,10 @@
 """Arrow IPC stream encoding without materialising tables: schema message, one message per batch, end marker.
 
-The exact body size is known before the first byte is sent (`Content-Length`), which lets clients read
-straight into a buffer of the right size.
+The stream comes out as parts to send in order. Column buffers of at least `OWN_PART_BYTES` are parts of their
+own that point into the batch's memory (for stored rows: the memory-mapped segment), so the data is copied once,
+by the kernel into the socket; the small pieces between them (message headers, padding, rebased offsets) are
+joined. The exact size of an uncompressed stream is known before the first byte is sent (`Content-Length`),
+which lets clients read straight into a buffer of the right size.
 """
 
 from __future__ import annotations
@@ -12,43 +15,54 @@ import pyarrow as pa
 
 ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+OWN_PART_BYTES = 64 * 1024
+
+Part = bytes | memoryview
 
 
 def stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
-    """Exact byte length of `encode_stream(schema, batches)`."""
+    """Exact byte length of the uncompressed `encode_stream(schema, batches)`."""
     return schema.serialize().size + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
 
 
-def encode_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> Iterator[memoryview]:
-    """The IPC stream of `batches`, one chunk per batch, each serialised only when the consumer asks for it."""
-    yield memoryview(schema.serialize())
-    for batch in batches:
-        yield memoryview(batch.serialize())
-    yield memoryview(END_OF_STREAM)
-
-
-def encode_stream_at_once(
+def encode_stream(
     schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None
-) -> memoryview:
-    """The whole IPC stream in one buffer, written in place (one copy of the data); optionally with IPC body
-    compression (`lz4` or `zstd`, which every Arrow reader decompresses by itself)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    return memoryview(sink.getvalue())
+) -> Iterator[list[Part]]:
+    """The IPC stream of `batches`: one list of parts for the schema, one per batch (encoded only when the
+    consumer gets to it) and one for the end marker. With `compression` (`lz4` or `zstd`, which every Arrow
+    reader decompresses by itself) the batch bodies are compressed."""
+    parts = _Parts()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    writer = pa.ipc.new_stream(pa.PythonFile(parts, mode="w"), schema, options=options)
+    yield parts.drain()
+    for batch in batches:
+        writer.write_batch(batch)
+        yield parts.drain()
+    writer.close()
+    yield parts.drain()
 
 
-class _Chunks:
-    """A writable file that hands over what was written since the last `drain()`."""
+class _Parts:
+    """A writable file that keeps large writes as they are: Arrow hands over its buffers, not copies."""
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[Part] = []
+        self.small: list[bytes] = []
         self.closed = False
 
-    def write(self, data: bytes) -> int:
-        self.parts.append(bytes(data))
-        return len(data)
+    def write(self, data: bytes | pa.Buffer) -> int:
+        view = memoryview(data)
+        if view.nbytes >= OWN_PART_BYTES:
+            self._join_small()
+            self.parts.append(view)
+        else:
+            self.small.append(view.tobytes())
+        return view.nbytes
+
+    def _join_small(self) -> None:
+        if self.small:
+            self.parts.append(b"".join(self.small))
+            self.small = []
 
     def flush(self) -> None:
         pass
@@ -59,22 +73,11 @@ class _Chunks:
     def writable(self) -> bool:
         return True
 
-    def drain(self) -> bytes:
-        data, self.parts = b"".join(self.parts), []
-        return data
-
-
-def encode_compressed_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str) -> Iterator[bytes]:
-    """A compressed IPC stream, one chunk per batch (its length is not known in advance)."""
-    chunks = _Chunks()
-    options = pa.ipc.IpcWriteOptions(compression=compression)
-    writer = pa.ipc.new_stream(pa.PythonFile(chunks, mode="w"), schema, options=options)
-    yield chunks.drain()
-    for batch in batches:
-        writer.write_batch(batch)
-        yield chunks.drain()
-    writer.close()
-    yield chunks.drain()
+    def drain(self) -> list[Part]:
+        """What was written since the last drain."""
+        self._join_small()
+        parts, self.parts = self.parts, []
+        return parts
 
 
 def table_batches(table: pa.Table) -> list[pa.RecordBatch]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -88,3 +89,33 @@ def test_a_windowed_answer_larger_than_a_piece_is_sent_in_slices_intact(big: tup
         last = row // 100 * 100 + 99  # episodes hold 100 rows each
         assert got["blob"][row].as_py() == [blobs[row], blobs[min(row + 1, last)]]
         assert got["blob_is_pad"][row].as_py() == [False, row + 1 > last]
+
+
+def test_stream_parts_point_into_the_batches_they_encode(tmp_path: Path) -> None:
+    """Large column buffers go out as views of the memory-mapped batch (no copy of the data); the parts joined
+    are exactly the stream Arrow itself writes, also for slices whose offsets must be rebased."""
+    from app.arrow_stream import OWN_PART_BYTES, encode_stream, stream_size
+
+    rng = np.random.default_rng(8)
+    n = 50_000
+    stored = pa.record_batch(
+        {"x": rng.normal(size=n), "label": [f"frame-{i}" for i in range(n)], "flag": rng.integers(0, 2, n) > 0}
+    )
+    with pa.OSFile(str(tmp_path / "s.arrow"), "wb") as sink, pa.ipc.new_file(sink, stored.schema) as writer:
+        writer.write_batch(stored)
+    mapped = pa.ipc.open_file(pa.memory_map(str(tmp_path / "s.arrow"))).get_batch(0)
+    batches = [mapped, mapped.slice(1_234, 30_000)]
+
+    parts = [part for group in encode_stream(mapped.schema, batches) for part in group]
+
+    expected = pa.BufferOutputStream()
+    with pa.ipc.new_stream(expected, mapped.schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    body = b"".join(parts)
+    assert body == expected.getvalue().to_pybytes() and len(body) == stream_size(mapped.schema, batches)
+    low = mapped.column("x").buffers()[1].address
+    high = low + (tmp_path / "s.arrow").stat().st_size
+    in_map = [p for p in parts if isinstance(p, memoryview) and low <= pa.py_buffer(p).address < high]
+    assert sum(p.nbytes for p in in_map) >= 0.9 * (n + 30_000) * 8  # the float values, straight from the map
+    assert all(len(p) >= OWN_PART_BYTES for p in parts if isinstance(p, memoryview))

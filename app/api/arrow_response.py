@@ -1,4 +1,7 @@
-"""The response for large Arrow IPC streams: exact Content-Length, batches serialised as the connection takes them.
+"""Arrow IPC stream responses: exact Content-Length, column buffers sent from where they lie (no copy of the data).
+
+`ArrowPartsResponse` sends a stream already encoded into parts (small answers, such as takes).
+`ArrowStreamResponse` encodes a large stream batch by batch as the connection takes it:
 
 Starlette's `StreamingResponse` runs a synchronous body iterator through the thread pool, one hand-off per chunk,
 plus a task group watching for the client leaving; for a 15 MB range that machinery cost more server CPU than
@@ -16,7 +19,7 @@ import pyarrow as pa
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, encode_stream, stream_size
+from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, Part, encode_stream, stream_size
 
 _PIECE_BYTES = 16 * 1024 * 1024  # larger batches (windowed answers) are sent as slices: the loop never waits long
 
@@ -53,14 +56,31 @@ class ArrowStreamResponse(Response):
         gone = asyncio.ensure_future(_disconnect(receive))
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            for chunk in encode_stream(self.schema, self.batches):
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            for parts in encode_stream(self.schema, self.batches):
+                for part in parts:
+                    await send({"type": "http.response.body", "body": part, "more_body": True})
                 await asyncio.sleep(0)  # a send to a closed connection returns at once: let `gone` see it
                 if gone.done():
                     return  # nobody reads the rest
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
+
+
+class ArrowPartsResponse(Response):
+    """A whole Arrow IPC stream, already encoded into `parts`, sent without joining them."""
+
+    media_type = ARROW_STREAM_MEDIA_TYPE
+
+    def __init__(self, parts: list[Part], headers: dict[str, str]) -> None:
+        super().__init__(headers={**headers, "Content-Length": str(sum(len(part) for part in parts))})
+        self.parts = parts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for part in self.parts:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _disconnect(receive: Receive) -> None:

@@ -16,16 +16,10 @@ from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, TypeAdapter, ValidationError
 
-from app.api.arrow_response import ArrowStreamResponse
+from app.api.arrow_response import ArrowPartsResponse, ArrowStreamResponse
 from app.api.deps import get_dataset, get_settings, json_body_schema, read_json_body, run_read
 from app.api.problems import ProblemException
-from app.arrow_stream import (
-    ARROW_STREAM_MEDIA_TYPE,
-    encode_compressed_stream,
-    encode_stream_at_once,
-    stream_size,
-    table_batches,
-)
+from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, encode_stream, stream_size, table_batches
 from app.dataset import Dataset, RowSlice, SliceBounds
 from app.episode_spec import EpisodeRanges, format_ranges, parse_episode_spec, ranges_from_ids
 from app.settings import Settings
@@ -116,17 +110,17 @@ def _columns(spec: str | None) -> list[str] | None:
 def _arrow_response(
     schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str], compression: Compression
 ) -> Response:
-    """Small bodies in one piece; large ones streamed batch by batch (compressed ones without a known length)."""
+    """Small bodies encoded at once; large ones batch by batch as they are sent (compressed ones without a known
+    length)."""
     size = stream_size(schema, batches)
     headers = {**headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
     codec = None if compression in (None, "none") else compression
     if codec is not None:
         headers["X-Arrow-Compression"] = codec
     if size <= _SINGLE_PIECE_BYTES:
-        body = encode_stream_at_once(schema, batches, codec)
-        return Response(body, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+        return ArrowPartsResponse([part for parts in encode_stream(schema, batches, codec) for part in parts], headers)
     if codec is not None:
-        chunks = encode_compressed_stream(schema, batches, codec)
+        chunks = (b"".join(parts) for parts in encode_stream(schema, batches, codec))
         return StreamingResponse(chunks, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
     return ArrowStreamResponse(schema, batches, headers, size)
 
