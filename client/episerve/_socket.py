@@ -24,6 +24,8 @@ import pyarrow as pa
 
 _HEAD_BYTES = 64 << 10
 _RECV_BYTES = 4 << 20
+_LOW_WATER_BYTES = 512 << 10
+_SO_RCVLOWAT: int | None = getattr(socket, "SO_RCVLOWAT", None)
 _MAX_HEAD_BYTES = 64 << 10
 _EMPTY = pa.py_buffer(b"")
 
@@ -139,8 +141,15 @@ class Connection:
         target = memoryview(buffer).cast("B")
         target[: len(rest)] = rest
         position = len(rest)
+        # A large body arrives in loopback-sized pieces; waking once per `_LOW_WATER_BYTES` instead of once per
+        # piece saves most of the receive calls. The last stretch takes whatever arrives.
+        waiting_for = _LOW_WATER_BYTES if size - position >= 2 * _LOW_WATER_BYTES else 1
+        if waiting_for > 1:
+            waiting_for = self._wake_after(waiting_for)
         try:
             while position < size:
+                if waiting_for > size - position:
+                    waiting_for = self._wake_after(1)
                 received = self.sock.recv_into(target[position:], min(size - position, _RECV_BYTES))
                 if received == 0:
                     raise httpx.ReadError(f"connection closed after {position} of {size} body bytes")
@@ -149,7 +158,20 @@ class Connection:
             raise httpx.ReadTimeout(f"timed out after {position} of {size} body bytes") from exc
         except OSError as exc:
             raise httpx.ReadError(f"{exc} after {position} of {size} body bytes") from exc
+        finally:
+            if waiting_for > 1 and self.open:
+                self._wake_after(1)
         return buffer
+
+    def _wake_after(self, size: int) -> int:
+        """Let receives wait until `size` bytes are there (or the connection ends); returns the size in force."""
+        if _SO_RCVLOWAT is None:
+            return 1
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, size)
+        except OSError:
+            return 1  # not supported here: every receive returns what has arrived
+        return size
 
     def _read_chunked(self, data: bytes) -> bytes:
         pieces: list[bytes] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -100,13 +101,20 @@ def test_takes_reuse_one_socket_connection(url: str, demo_view: pa.Table) -> Non
 
 
 def test_bodies_over_a_mebibyte_keep_the_connection(url: str, demo_view: pa.Table) -> None:
-    with episerve.Client(url) as client:
+    with episerve.Client(url, timeout=3.0, retries=1) as client:
         pages = client._read_pages(DEMO)
         assert sum(buffer.size for buffer in pages.buffers) > 1 << 20
         port = _local_port(client)
         assert_tables_equal(pages.table, demo_view)
         assert_tables_equal(client.rows(DEMO), demo_view)
         assert _local_port(client) == port
+        # Large bodies are received with a raised low-water mark; the next, tiny answer must not wait for it.
+        (connection,) = client._sockets._idle  # type: ignore[union-attr]
+        if hasattr(socket, "SO_RCVLOWAT"):
+            assert connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        started = time.monotonic()
+        assert client.take(DEMO, [3], columns=["index"])["index"].to_pylist() == [3]
+        assert time.monotonic() - started < 2.0 and _local_port(client) == port
 
 
 def test_a_connection_closed_by_the_server_while_idle_is_replaced(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
