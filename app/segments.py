@@ -437,7 +437,8 @@ class SegmentStore:
                 "built_by_pid": os.getpid(),
             }
             write_atomically(paths.sidecar, orjson.dumps(sidecar))
-            self.builds += 1
+            with self._flights_lock:
+                self.builds += 1
             elapsed = time.perf_counter() - started
             metrics.CACHE_BUILDS.inc()
             metrics.BUILD_SECONDS.observe(elapsed)

@@ -66,7 +66,14 @@ class Settings(BaseSettings):
     )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
-        8 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."
+        4 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."
+    )
+    build_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Segments a warm-up (CLI `warm`, `POST /cache`) builds at once; each build adds about 60 MB "
+        "of memory at the default batch size.",
     )
 
     @field_validator("roots", mode="before")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,15 +33,41 @@ def warm(
     dataset: Dataset,
     episodes: EpisodeRanges | None = None,
     progress: ProgressCallback | None = None,
-    on_segment: Any = None,
+    on_segment: Callable[[], None] | None = None,
 ) -> int:
-    """Build every segment the selection needs; return how many were built by this call."""
+    """Build every segment the selection needs, `build_threads` at a time; return how many this call built.
+
+    `progress` and `on_segment` are called one at a time, whichever build thread reports."""
     index = dataset.index()
+    needed = segments_needed(dataset, episodes)
     before = dataset.segments.builds
-    for number in segments_needed(dataset, episodes):
-        dataset.segments.open(index.files[number], index.schema, progress)
+    reporting = threading.Lock()
+
+    def report(rows: int, nbytes: int) -> None:
+        with reporting:
+            progress(rows, nbytes)  # type: ignore[misc]
+
+    def build(number: int) -> None:
+        dataset.segments.open(index.files[number], index.schema, report if progress is not None else None)
         if on_segment is not None:
-            on_segment()
+            with reporting:
+                on_segment()
+
+    threads = min(dataset.limits.build_threads, len(needed))
+    if threads <= 1:
+        for number in needed:
+            build(number)
+    else:
+        # Parquet decoding releases the GIL, so builds of different files run side by side.
+        with ThreadPoolExecutor(threads, thread_name_prefix="episerve-warm-build") as pool:
+            futures = [pool.submit(build, number) for number in needed]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
     return dataset.segments.builds - before
 
 

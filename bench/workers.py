@@ -21,19 +21,19 @@ from bench.processes import _clean_env, app_dir
 
 
 def _episerve_build(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """Build every segment of one dataset with the server's own code, as `episerve-server warm` does."""
+    """Build every segment of one dataset with the server's own warm-up (what `episerve-server warm` runs), at
+    the default settings."""
     from app.catalog import Catalog
     from app.settings import Settings
+    from app.warm import warm
 
     settings = Settings(roots=[Path(args["root"])], cache_dir=Path(args["cache_dir"]))
     dataset = Catalog(settings, settings.roots).get(args["dataset"])
 
     def run() -> dict[str, Any]:
         start = time.perf_counter()
-        index = dataset.index()
-        for source in index.files:
-            dataset.segments.open(source, index.schema)
-        return {"seconds": time.perf_counter() - start, "segments": len(index.files)}
+        built = warm(dataset)
+        return {"seconds": time.perf_counter() - start, "segments": built}
 
     return run
 

@@ -137,6 +137,47 @@ def test_concurrent_requests_in_one_process_share_one_build(tmp_path: Path) -> N
     assert dataset.segments.builds == 1
 
 
+def test_warm_builds_files_side_by_side_each_once_and_reports_every_row(tmp_path: Path) -> None:
+    from app.warm import warm
+
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", format="v2.1", episodes=12, seed=5)  # one parquet file per episode
+    dataset = make_catalog(root, tmp_path / "cache", build_threads=3, build_batch_bytes=64 * 1024).get("demo")
+    index = dataset.index()
+    reported: list[int] = []
+    finished: list[int] = []
+
+    built = warm(dataset, None, lambda rows, _bytes: reported.append(rows), lambda: finished.append(1))
+
+    assert built == len(index.files) == 12 == len(finished) == len(cache_files(tmp_path / "cache", "*.arrow"))
+    assert sum(reported) == sum(source.rows for source in index.files)
+    assert not cache_files(tmp_path / "cache", "*.tmp")
+    selected = dataset.read_slice(None, 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(selected.batches, selected.schema), oracle(root / "demo", None))
+    assert warm(dataset) == 0  # all cached
+
+
+def test_warm_stops_at_a_source_that_cannot_be_converted(tmp_path: Path) -> None:
+    from app.errors import DatasetError
+    from app.warm import warm
+
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", format="v2.1", episodes=6, seed=6)
+    dataset = make_catalog(root, tmp_path / "cache", build_threads=2).get("demo")
+    index = dataset.index()
+    broken = root / "demo" / index.files[3].path
+    data = bytearray(broken.read_bytes())
+    data[4 : len(data) // 2] = bytes(len(data) // 2 - 4)  # pages gone, footer (size and mtime aside) intact
+    stat = broken.stat()
+    broken.write_bytes(bytes(data))
+    os.utime(broken, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    with pytest.raises(DatasetError, match="cannot convert"):
+        warm(dataset)
+    assert not cache_files(tmp_path / "cache", "*.tmp")
+    assert index.files[3].path.rsplit("/", 1)[-1].split(".")[0] not in str(cache_files(tmp_path / "cache", "*.arrow"))
+
+
 def test_rewritten_source_file_is_never_served_stale(tmp_path: Path) -> None:
     root = tmp_path / "root"
     dataset_dir = root / "table"
