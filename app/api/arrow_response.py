@@ -1,13 +1,12 @@
 """Arrow IPC stream responses: exact Content-Length, column buffers sent from where they lie (no copy of the data).
 
 `ArrowPartsResponse` sends a stream already encoded into parts (small answers, such as takes).
-`ArrowStreamResponse` encodes a large stream batch by batch as the connection takes it:
-
-Starlette's `StreamingResponse` runs a synchronous body iterator through the thread pool, one hand-off per chunk,
-plus a task group watching for the client leaving; for a 15 MB range that machinery cost more server CPU than
-the bytes. Here each batch is serialised on the event loop right before it is sent (stored batches are a few MiB;
-larger ones, such as windowed answers, are cut into slices first), and the stream stops as soon as the client
-goes away.
+`ArrowStreamResponse` encodes a large stream batch by batch as the connection takes it. Starlette's
+`StreamingResponse` would run a synchronous body iterator through the thread pool, one hand-off per chunk, plus a
+task group watching for the client leaving; for a 15 MB range that machinery cost more server CPU than the bytes.
+Here each batch is encoded on the event loop right before it is sent (only its message header is new; larger
+batches, such as windowed answers, are cut into slices first), and the stream stops as soon as the client goes
+away.
 """
 
 from __future__ import annotations

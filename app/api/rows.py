@@ -1,8 +1,7 @@
 """Row endpoints: a contiguous slice of a view (`GET`/`POST /rows`) and rows by view index (`POST /rows/take`).
 
 All answer with an Arrow IPC stream of exact Content-Length. The work runs in one thread-pool call per request;
-small bodies go out in one piece, large ones stream from the memory-mapped segments one serialised batch at a
-time.
+small bodies are encoded at once, large ones stream from the memory-mapped segments one batch at a time.
 """
 
 from __future__ import annotations
