@@ -9,8 +9,8 @@ of bytes at a computable address in a memory map, and a take copies those bytes 
 - narrow rows (only fixed-width values of up to 256 bytes, e.g. state/action vectors; a stored batch holds tens
   of thousands): one NumPy fancy-index per column and touched stored batch;
 - other rows (images, strings; a stored batch holds a few hundred, so a take touches most batches once or
-  twice): one view over the address range of every touched segment, one fancy-index for all their narrow
-  values together, one copy per row for the rest.
+  twice): one view over the address range of every touched segment, one fancy-index per fixed-width column
+  and per column of short strings, one copy per row for long variable-width values (such as encoded frames).
 
 Every address read lies inside a buffer of a stored batch: rows are bounded by the batch lengths, and offsets
 of variable-width columns are validated once per segment (monotonic, within their data buffer).
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-_FANCY_MAX_WIDTH = 256  # wider fixed-width values are copied row by row, not through a per-byte index
+_NARROW_MAX_WIDTH = 256  # rows of fixed-width values at most this wide are gathered per stored batch
+_SHORT_VALUE_BYTES = 256  # variable-width values this long on average are gathered by one fancy-index
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,13 @@ def gather_kinds(schema: pa.Schema) -> list[Kind] | None:
 
 
 def copies_row_by_row(kinds: Sequence[Kind]) -> bool:
-    """Whether some value is copied one row at a time (variable-width or very wide), not by a fancy-index."""
-    return not all(_narrow(kind) for kind in _leaf_kinds(kinds))
+    """Whether some values may be copied one row at a time (long variable-width ones), not by a fancy-index."""
+    return any(isinstance(kind, Variable) for kind in _leaf_kinds(kinds))
 
 
-def _narrow(kind: Fixed | Variable) -> bool:
-    """Copied by a fancy-index over `width`-byte items (rather than one copy per row)."""
-    return isinstance(kind, Fixed) and kind.width <= _FANCY_MAX_WIDTH
+def _narrow(kinds: Sequence[Kind]) -> bool:
+    """Only fixed-width values, few bytes a row: gathered per stored batch (many rows each)."""
+    return all(isinstance(kind, Fixed) and kind.width <= _NARROW_MAX_WIDTH for kind in _leaf_kinds(kinds))
 
 
 def column_kind(kind: pa.DataType) -> Kind | None:
@@ -120,6 +121,9 @@ class MappedColumns:
         self.batches = batches  # keeps the mapped memory alive
         self.leaves = leaves
         self.low, self.high = low, high  # every value lies in [low, high)
+        # (stored batch, leaf) tables of the same addresses, for gathers across many batches at once
+        self.starts = np.stack([leaf.starts for leaf in leaves], axis=1)
+        self.data_starts = np.stack([leaf.data_starts for leaf in leaves], axis=1)
         self._views: list[list[np.ndarray]] | None = None
 
     def batch_views(self) -> list[list[np.ndarray]]:
@@ -214,7 +218,7 @@ class Part:
 def gather(schema: pa.Schema, kinds: list[Kind], parts: list[Part], length: int) -> pa.Table:
     """The answer of `length` rows, each copied from the part that holds it."""
     leaf_kinds = _leaf_kinds(kinds)
-    if not copies_row_by_row(kinds):
+    if _narrow(kinds):
         columns = _gather_narrow(leaf_kinds, parts, length)  # type: ignore[arg-type]
     else:
         columns = _gather_spanning(leaf_kinds, parts, length)
@@ -242,58 +246,31 @@ def _gather_spanning(
     leaf_kinds: list[Fixed | Variable], parts: list[Part], length: int
 ) -> list[list[pa.Buffer | None]]:
     """Rows with wide or variable-width values (images, strings): one view across every touched segment, one
-    fancy-index for all narrow fixed-width values together, then one copy per row for the others. Such rows
-    are few per stored batch, so per-batch calls would be one or two rows each."""
+    fancy-index per fixed-width leaf (its values as items of their width), and one copy per row for long
+    variable-width values. Such rows are few per stored batch, so per-batch calls would be one or two rows each."""
     low = min(p.mapped.low for p in parts)
     memory = _memory(low, max(p.mapped.high for p in parts), [p.mapped.batches for p in parts])
     positions = np.concatenate([p.positions for p in parts])
     rows = np.concatenate([p.rows for p in parts])
-    starts = [
-        np.concatenate([p.mapped.leaves[n].starts[p.batches] for p in parts]) - low for n in range(len(leaf_kinds))
-    ]
-    narrow = [n for n, kind in enumerate(leaf_kinds) if _narrow(kind)]
-    columns: dict[int, list[pa.Buffer | None]] = {}
-    if narrow:
-        widths = [leaf_kinds[n].width for n in narrow]  # type: ignore[union-attr]
-        addresses = np.stack([starts[n] + rows * w for n, w in zip(narrow, widths, strict=True)], axis=1)
-        byte_leaf, byte_offset = _byte_layout(tuple(widths))
-        copied = memory[addresses[:, byte_leaf] + byte_offset]  # (rows, sum of widths) bytes
-        ordered = np.empty_like(copied)
-        ordered[positions] = copied
-        edges = np.cumsum([0, *widths])
-        for n, first, last in zip(narrow, edges[:-1], edges[1:], strict=True):
-            columns[n] = [None, pa.py_buffer(np.ascontiguousarray(ordered[:, first:last]))]
+    starts = np.concatenate([p.mapped.starts[p.batches] for p in parts]) - low  # (row, leaf)
+    data_starts = np.concatenate([p.mapped.data_starts[p.batches] for p in parts]) - low
+    columns: list[list[pa.Buffer | None]] = []
     for n, kind in enumerate(leaf_kinds):
         if isinstance(kind, Variable):
-            data = np.concatenate([p.mapped.leaves[n].data_starts[p.batches] for p in parts]) - low
-            columns[n] = _copy_variable(memory, starts[n], rows, data, positions, kind, length)
-        elif n not in columns:
-            columns[n] = _copy_wide(memory, starts[n] + rows * kind.width, positions, kind.width, length)
-    return [columns[n] for n in range(len(leaf_kinds))]
+            columns.append(_copy_variable(memory, starts[:, n], rows, data_starts[:, n], positions, kind, length))
+            continue
+        item = np.dtype((np.void, kind.width))
+        items = np.ndarray((len(memory) - kind.width + 1,), item, memory, strides=(1,))  # one at every address
+        out = np.empty(length, dtype=item)
+        out[positions] = items[starts[:, n] + rows * kind.width]
+        columns.append([None, pa.py_buffer(out)])
+    return columns
 
 
 def _memory(low: int, high: int, owner: object) -> np.ndarray:
     """Bytes [low, high) of the address space, kept alive by `owner` (record batches over memory maps). Only
     addresses inside those batches' buffers are ever read through it."""
     return np.frombuffer(pa.foreign_buffer(low, high - low, base=owner), dtype=np.uint8)
-
-
-@functools.lru_cache(maxsize=256)
-def _byte_layout(widths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """For each byte of a row of narrow fixed-width values laid side by side: its leaf, and its offset there."""
-    leaf = np.repeat(np.arange(len(widths)), widths)
-    offset = np.concatenate([np.arange(w) for w in widths])
-    return leaf, offset
-
-
-def _copy_wide(
-    memory: np.ndarray, addresses: np.ndarray, positions: np.ndarray, width: int, length: int
-) -> list[pa.Buffer | None]:
-    out = pa.allocate_buffer(length * width)
-    target, source = memoryview(out).cast("B"), memoryview(memory)
-    for position, address in zip(positions.tolist(), addresses.tolist(), strict=True):
-        target[position * width : (position + 1) * width] = source[address : address + width]
-    return [None, out]
 
 
 def _copy_variable(
@@ -316,7 +293,7 @@ def _copy_variable(
     if offsets[-1] > np.iinfo(offset_type).max:
         raise OverflowError("the gathered values do not fit their offsets")
     sources = data_starts + bounds[:, 0]
-    if offsets[-1] <= _FANCY_MAX_WIDTH * len(rows):
+    if offsets[-1] <= _SHORT_VALUE_BYTES * len(rows):
         values = _short_values(memory, sources, positions, lengths, offsets)
     else:
         values = pa.allocate_buffer(int(offsets[-1]))  # from Arrow's pool: reused pages, not fresh ones each time
