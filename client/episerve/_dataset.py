@@ -9,8 +9,9 @@ import numpy as np
 
 from episerve._batch import Batch
 from episerve._client import Client, DeltaTimestamps
-from episerve._episodes import Episodes, episode_spec
+from episerve._episodes import Episodes
 from episerve._retry import Retries
+from episerve._selection import Selection
 from episerve._tensors import Output, resolve_output, table_columns, to_output
 
 try:
@@ -52,27 +53,18 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         retries: Retries | int | None = None,
     ) -> None:
         self.client = url if isinstance(url, Client) else Client(url, token, retries=retries)
-        self.dataset_id = dataset_id
-        self.episodes = episode_spec(episodes)
-        self.columns = list(columns) if columns is not None else None
+        self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
         self.transform = transform
-        self.delta_timestamps = dict(delta_timestamps) if delta_timestamps is not None else None
-        self.tolerance_s = tolerance_s
         self.decode_images = decode_images
         self.output = resolve_output(output)
-        self._length = self.client.num_rows(
-            dataset_id,
-            self.episodes,
-            self.columns,
-            delta_timestamps=self.delta_timestamps,
-            tolerance_s=self.tolerance_s,
-        )
+        self._length = self.selection.num_rows(self.client)
 
     def __len__(self) -> int:
         return self._length
 
     def __repr__(self) -> str:
-        return f"EpisodeDataset({self.client.url!r}, {self.dataset_id!r}, episodes={self.episodes!r}, rows={len(self)})"
+        view = f"{self.selection.dataset_id!r}, episodes={self.selection.episodes!r}"
+        return f"EpisodeDataset({self.client.url!r}, {view}, rows={len(self)})"
 
     def __getitem__(self, index: int) -> Any:
         sample = self._fetch([index])[0]
@@ -91,8 +83,6 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         if len(positions) and (positions.min() < 0 or positions.max() >= self._length):
             bad = np.asarray(indices).reshape(-1)[(positions < 0) | (positions >= self._length)]
             raise IndexError(f"index {bad[0]} out of range for a view of {self._length} rows")
-        pages = self.client._take_rows(
-            self.dataset_id, positions, self.episodes, self.columns, self.delta_timestamps, self.tolerance_s
-        )
+        pages = self.selection.take(self.client, positions)
         columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images)
         return Batch(to_output(columns, self.output), len(positions))

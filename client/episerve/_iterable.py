@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from episerve._client import Client, DeltaTimestamps
-from episerve._episodes import Episodes, episode_spec
+from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
 from episerve._retry import Retries
+from episerve._selection import Selection
 from episerve._sharding import EpochPlan, delivered_per_worker
 from episerve._tensors import Columns, Output, resolve_output, table_columns, to_output
 
@@ -81,27 +82,17 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1 (or None for samples)")
         self.client = url if isinstance(url, Client) else Client(url, token, retries=retries)
-        self.dataset_id = dataset_id
-        self.episodes = episode_spec(episodes)
-        self.columns = list(columns) if columns is not None else None
+        self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
         self.chunk_rows = chunk_rows
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.prefetch = prefetch
-        self.delta_timestamps = dict(delta_timestamps) if delta_timestamps is not None else None
-        self.tolerance_s = tolerance_s
         self.decode_images = decode_images
         self.transform = transform
         self.output = resolve_output(output)
-        self.total_rows = self.client.num_rows(
-            dataset_id,
-            self.episodes,
-            self.columns,
-            delta_timestamps=self.delta_timestamps,
-            tolerance_s=self.tolerance_s,
-        )
+        self.total_rows = self.selection.num_rows(self.client)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None
         self._progress: int | None = None  # rows delivered this epoch, when iterated in this process
@@ -188,12 +179,10 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         """A chunk's columns in delivery order, without its first `skip` rows."""
         start, stop = plan.chunk_span(chunk)
         order = plan.row_order(chunk)
-        pages = self.client._read_pages(
-            self.dataset_id, self.episodes, start, stop, self.columns, self.delta_timestamps, self.tolerance_s
-        )
+        pages = self.selection.read(self.client, start, stop)
         if pages.total_rows != self.total_rows:
             raise EpiserveError(
-                f"the view of {self.dataset_id!r} changed from {self.total_rows} to {pages.total_rows} rows "
+                f"the view of {self.selection.dataset_id!r} changed from {self.total_rows} to {pages.total_rows} rows "
                 "during the epoch (its source files changed); start a new dataset object"
             )
         columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images)
