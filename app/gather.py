@@ -105,25 +105,24 @@ def _leaf_kinds(kinds: Sequence[Kind]) -> list[Fixed | Variable]:
     return found
 
 
-@dataclass(frozen=True)
-class _Leaf:
-    """Where one buffer-level piece of a column starts, per stored batch (absolute addresses)."""
-
-    kind: Fixed | Variable
-    starts: np.ndarray  # fixed: the first value; variable: the first offset
-    data_starts: np.ndarray  # variable: the data buffer (fixed: unused)
-
-
 class MappedColumns:
-    """The selected columns of a segment's stored batches, located in the memory they are mapped from."""
+    """The selected columns of a segment's stored batches, located in the memory they are mapped from: per
+    stored batch and leaf (a buffer-level piece of a column), where its values start (variable-width: its
+    offsets) and where its data buffer starts (absolute addresses)."""
 
-    def __init__(self, batches: list[pa.RecordBatch], leaves: list[_Leaf], low: int, high: int) -> None:
+    def __init__(
+        self,
+        batches: list[pa.RecordBatch],
+        kinds: list[Fixed | Variable],
+        starts: np.ndarray,
+        data_starts: np.ndarray,
+        low: int,
+        high: int,
+    ) -> None:
         self.batches = batches  # keeps the mapped memory alive
-        self.leaves = leaves
+        self.kinds = kinds
+        self.starts, self.data_starts = starts, data_starts  # (stored batch, leaf)
         self.low, self.high = low, high  # every value lies in [low, high)
-        # (stored batch, leaf) tables of the same addresses, for gathers across many batches at once
-        self.starts = np.stack([leaf.starts for leaf in leaves], axis=1)
-        self.data_starts = np.stack([leaf.data_starts for leaf in leaves], axis=1)
         self._views: list[list[np.ndarray]] | None = None
 
     def batch_views(self) -> list[list[np.ndarray]]:
@@ -133,10 +132,10 @@ class MappedColumns:
             views = []
             for number, batch in enumerate(self.batches):
                 row = []
-                for leaf in self.leaves:
-                    if isinstance(leaf.kind, Fixed):
-                        start, width = int(leaf.starts[number]) - self.low, leaf.kind.width
-                        row.append(memory[start : start + len(batch) * width].view(np.dtype((np.void, width))))
+                for leaf, kind in enumerate(self.kinds):
+                    if isinstance(kind, Fixed):
+                        start, item = int(self.starts[number, leaf]) - self.low, np.dtype((np.void, kind.width))
+                        row.append(memory[start : start + len(batch) * kind.width].view(item))
                 views.append(row)
             self._views = views
         return self._views
@@ -152,12 +151,10 @@ class MappedColumns:
         regions = [region for places in located for region in places.regions]
         if not regions:
             return None
-        leaves = []
-        for number, kind in enumerate(_leaf_kinds(kinds)):
-            starts = np.array([places.starts[number] for places in located], dtype=np.int64)
-            data = np.array([places.data_starts[number] for places in located], dtype=np.int64)
-            leaves.append(_Leaf(kind, starts, data))
-        return cls(batches, leaves, min(r[0] for r in regions), max(r[1] for r in regions))
+        starts = np.array([places.starts for places in located], dtype=np.int64)
+        data_starts = np.array([places.data_starts for places in located], dtype=np.int64)
+        low, high = min(r[0] for r in regions), max(r[1] for r in regions)
+        return cls(batches, _leaf_kinds(kinds), starts, data_starts, low, high)
 
 
 class _Located:
