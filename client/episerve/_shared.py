@@ -1,10 +1,13 @@
-"""Batches that cross process boundaries as one shared-memory block rather than one per tensor.
+"""Batches that cross process boundaries as one block of memory rather than one per tensor.
 
 A DataLoader worker sends each batch to the main process through torch's multiprocessing pickler, which moves
 every tensor's storage to shared memory and passes its file descriptor over a fresh connection with an
 authentication handshake: seven tensors per batch cost seven handshakes, more than the batch's own data takes to
-fetch. `TensorBatch` packs its tensors into one shared block when it is pickled, and the receiving side rebuilds
-them as views of that block: one descriptor per batch.
+fetch. `TensorBatch` packs its tensors into one block when it is pickled, and the receiving side rebuilds them
+as views of that block. A block of up to `INLINE_BLOCK_BYTES` (a 256-row batch of state/action vectors is
+about 40 KB) travels inside the pickle, through the worker's result pipe: creating, passing and mapping a
+shared-memory file costs more than copying that many bytes. A larger block goes to shared memory: one
+descriptor per batch.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import sys
 from typing import Any
 
 _ALIGN = 64
+INLINE_BLOCK_BYTES = 256 * 1024
 
 
 class TensorBatch(dict):
-    """A batch dict (column name -> tensor or list) that pickles all its CPU tensors as one shared block.
+    """A batch dict (column name -> tensor or list) that pickles all its CPU tensors as one block.
 
-    It is an ordinary `dict` in every other way, and unpickles as one: the tensors come back as views of a
-    shared block (disjoint, writable), so `torch.save` of one column would also save its neighbours' bytes.
+    It is an ordinary `dict` in every other way, and unpickles as one: the tensors come back as views of one
+    block (disjoint, writable), so `torch.save` of one column would also save its neighbours' bytes.
     """
 
     def __copy__(self) -> TensorBatch:
@@ -37,25 +41,40 @@ class TensorBatch(dict):
             packed = {k: v for k, v in self.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"}
         if len(packed) < 2 or any(t.requires_grad for t in packed.values()):
             return (dict, (dict(self),))
-        block, layout = _pack(torch, packed)
+        layout, size = _layout(packed)
         others = {k: v for k, v in self.items() if k not in packed}
+        if 0 < size <= INLINE_BLOCK_BYTES:
+            data = bytearray(size)
+            _fill(torch.frombuffer(data, dtype=torch.uint8), layout, packed)
+            return (_unpack_bytes, (data, layout, others, list(self)))
+        block = torch.empty(size, dtype=torch.uint8)  # torch's pickler moves it to shared memory
+        _fill(block, layout, packed)
         return (_unpack, (block, layout, others, list(self)))
 
 
-def _pack(torch: Any, tensors: dict[str, Any]) -> tuple[Any, list[tuple[str, Any, tuple[int, ...], int]]]:
+Layout = list[tuple[str, Any, tuple[int, ...], int]]  # per tensor: name, dtype, shape, offset in the block
+
+
+def _layout(tensors: dict[str, Any]) -> tuple[Layout, int]:
     layout, size = [], 0
     for name, tensor in tensors.items():
         layout.append((name, tensor.dtype, tuple(tensor.shape), size))
         size += -(-tensor.nbytes // _ALIGN) * _ALIGN
-    block = torch.empty(size, dtype=torch.uint8)  # torch's pickler moves it to shared memory, if that is where it goes
+    return layout, size
+
+
+def _fill(block: Any, layout: Layout, tensors: dict[str, Any]) -> None:
     for (_, dtype, shape, offset), tensor in zip(layout, tensors.values(), strict=True):
         _view(block, dtype, shape, offset).copy_(tensor)
-    return block, layout
 
 
-def _unpack(
-    block: Any, layout: list[tuple[str, Any, tuple[int, ...], int]], others: dict[str, Any], order: list[str]
-) -> dict[str, Any]:
+def _unpack_bytes(data: bytearray, layout: Layout, others: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    import torch
+
+    return _unpack(torch.frombuffer(data, dtype=torch.uint8), layout, others, order)
+
+
+def _unpack(block: Any, layout: Layout, others: dict[str, Any], order: list[str]) -> dict[str, Any]:
     tensors = {name: _view(block, dtype, shape, offset) for name, dtype, shape, offset in layout}
     return {name: tensors[name] if name in tensors else others[name] for name in order}
 

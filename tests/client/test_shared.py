@@ -1,4 +1,5 @@
-"""Batches cross from DataLoader workers to the main process as one shared block, and arrive intact."""
+"""Batches cross from DataLoader workers to the main process as one block (inside the pickle when small, in
+shared memory when large), and arrive intact."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import episerve
-from episerve._shared import TensorBatch
+from episerve._shared import INLINE_BLOCK_BYTES, TensorBatch
 from tests.client.helpers import DEMO, assert_batch_equals_view, exactly_once, positions_by_index
 
 
@@ -32,11 +33,23 @@ def sample_batch() -> TensorBatch:
     )
 
 
-def test_workers_pickle_a_batch_as_one_block_of_views_with_every_value_intact() -> None:
-    batch = sample_batch()
+def large_batch() -> TensorBatch:
+    """A batch whose block is too large to travel inside the pickle."""
+    rows = INLINE_BLOCK_BYTES // 64 + 1
+    return TensorBatch(
+        state=torch.arange(rows * 14, dtype=torch.float32).reshape(rows, 14),
+        frame=torch.arange(rows, dtype=torch.int64),
+        task=["pick"] * rows,
+    )
+
+
+def worker_pickle(batch: TensorBatch) -> bytes:
     buffer = io.BytesIO()
     ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(batch)
-    received = pickle.loads(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def assert_received_intact(received: dict, batch: TensorBatch) -> None:
     assert type(received) is dict and list(received) == list(batch)
     assert len(storages(received)) == 1
     for name, value in batch.items():
@@ -45,8 +58,29 @@ def test_workers_pickle_a_batch_as_one_block_of_views_with_every_value_intact() 
             assert torch.equal(received[name], value), name
         else:
             assert received[name] == value
-    received["state"] += 1  # views are disjoint: writing one column leaves its neighbours alone
+
+
+def test_small_batches_travel_inside_the_pickle_as_one_block_of_views_with_every_value_intact() -> None:
+    batch = sample_batch()
+    data = worker_pickle(batch)
+    received = pickle.loads(data)
+    assert_received_intact(received, batch)
+    assert not received["state"].is_shared()  # the bytes came with the pickle: no shared-memory file
+    received["state"] += 1  # views are disjoint and writable: writing one column leaves its neighbours alone
+    assert torch.equal(received["state"], batch["state"] + 1)
     assert torch.equal(received["done"], batch["done"]) and torch.equal(received["half"], batch["half"])
+
+
+def test_large_batches_go_to_shared_memory_as_one_block() -> None:
+    batch = large_batch()
+    data = worker_pickle(batch)
+    received = pickle.loads(data)
+    assert_received_intact(received, batch)
+    assert received["state"].is_shared()
+    tensor_bytes = batch["state"].nbytes + batch["frame"].nbytes
+    assert len(data) < tensor_bytes // 4  # only a descriptor and the layout (and the list) are pickled
+    received["frame"] += 1
+    assert torch.equal(received["frame"], batch["frame"] + 1) and torch.equal(received["state"], batch["state"])
 
 
 def test_copies_stay_batches_and_plain_pickles_carry_the_values() -> None:
@@ -81,3 +115,28 @@ def test_dataloader_batches_arrive_in_one_storage_equal_to_the_oracle(url: str, 
             assert_batch_equals_view(batch, demo_view, positions)
             seen.append(batch["index"].numpy())
         assert exactly_once(seen, demo_view["index"].to_numpy())
+
+
+class _LargeBatches:
+    """A map-style dataset whose batches are too large to travel inside the pickle."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitems__(self, indices: list[int]) -> TensorBatch:
+        batch = large_batch()
+        batch["frame"] += 1000 * indices[0]
+        return batch
+
+
+def test_dataloader_hands_large_batches_over_in_shared_memory_intact() -> None:
+    loader = DataLoader(_LargeBatches(), batch_size=1, num_workers=2, collate_fn=lambda batch: batch)
+    firsts = []
+    for batch in loader:
+        assert type(batch) is dict and len(storages(batch)) == 1 and batch["state"].is_shared()
+        expected = large_batch()
+        first = int(batch["frame"][0])
+        assert torch.equal(batch["frame"], expected["frame"] + first)
+        assert torch.equal(batch["state"], expected["state"]) and batch["task"] == expected["task"]
+        firsts.append(first)
+    assert sorted(firsts) == [0, 1000, 2000, 3000]
