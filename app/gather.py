@@ -4,13 +4,11 @@ A take of a few hundred rows is dominated by per-call overhead when done with Ar
 column per touched stored batch plus a second take to restore the request order, or (for wide rows) a
 concatenation of hundreds of one-row slices. But when every selected column is fixed-width (numbers,
 fixed-size lists of numbers), binary or string, or a struct of those, and holds no nulls, each value is a run
-of bytes at a computable address in a memory map, and a take copies those bytes to their places in the answer:
-
-- narrow rows (only fixed-width values of up to 256 bytes, e.g. state/action vectors; a stored batch holds tens
-  of thousands): one NumPy fancy-index per column and touched stored batch;
-- other rows (images, strings; a stored batch holds a few hundred, so a take touches most batches once or
-  twice): one view over the address range of every touched segment, one fancy-index per fixed-width column
-  and per column of short strings, one copy per row for long variable-width values (such as encoded frames).
+of bytes at a computable address in a memory map, and a take copies those bytes to their places in the answer.
+The addresses of every row and column are computed at once, in request order, over one view across the touched
+segments; then each fixed-width column is one NumPy fancy-index (its values as items of their width), and each
+variable-width column one fancy-index over its bytes (short values, such as paths) or one copy per row (long
+ones, such as encoded frames).
 
 Every address read lies inside a buffer of a stored batch: rows are bounded by the batch lengths, and offsets
 of variable-width columns are validated once per segment (monotonic, within their data buffer).
@@ -25,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-_NARROW_MAX_WIDTH = 256  # rows of fixed-width values at most this wide are gathered per stored batch
 _SHORT_VALUE_BYTES = 256  # variable-width values this long on average are gathered by one fancy-index
 
 
@@ -41,6 +38,10 @@ class Variable:
     """binary / string (or their large forms): an offsets buffer and a data buffer."""
 
     offset_type: type[np.signedinteger]
+
+    @property
+    def offset_size(self) -> int:
+        return np.dtype(self.offset_type).itemsize
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,6 @@ def gather_kinds(schema: pa.Schema) -> list[Kind] | None:
 def copies_row_by_row(kinds: Sequence[Kind]) -> bool:
     """Whether some values may be copied one row at a time (long variable-width ones), not by a fancy-index."""
     return any(isinstance(kind, Variable) for kind in _leaf_kinds(kinds))
-
-
-def _narrow(kinds: Sequence[Kind]) -> bool:
-    """Only fixed-width values, few bytes a row: gathered per stored batch (many rows each)."""
-    return all(isinstance(kind, Fixed) and kind.width <= _NARROW_MAX_WIDTH for kind in _leaf_kinds(kinds))
 
 
 def column_kind(kind: pa.DataType) -> Kind | None:
@@ -123,22 +119,7 @@ class MappedColumns:
         self.kinds = kinds
         self.starts, self.data_starts = starts, data_starts  # (stored batch, leaf)
         self.low, self.high = low, high  # every value lies in [low, high)
-        self._views: list[list[np.ndarray]] | None = None
-
-    def batch_views(self) -> list[list[np.ndarray]]:
-        """Per stored batch, each fixed-width leaf as a NumPy array of `width`-byte items over the map."""
-        if self._views is None:
-            memory = _memory(self.low, self.high, self.batches)
-            views = []
-            for number, batch in enumerate(self.batches):
-                row = []
-                for leaf, kind in enumerate(self.kinds):
-                    if isinstance(kind, Fixed):
-                        start, item = int(self.starts[number, leaf]) - self.low, np.dtype((np.void, kind.width))
-                        row.append(memory[start : start + len(batch) * kind.width].view(item))
-                views.append(row)
-            self._views = views
-        return self._views
+        self.widths = np.array([k.width if isinstance(k, Fixed) else 0 for k in kinds], dtype=np.int64)
 
     @classmethod
     def of(cls, batches: list[pa.RecordBatch], kinds: list[Kind]) -> MappedColumns | None:
@@ -214,54 +195,41 @@ class Part:
 
 def gather(schema: pa.Schema, kinds: list[Kind], parts: list[Part], length: int) -> pa.Table:
     """The answer of `length` rows, each copied from the part that holds it."""
-    leaf_kinds = _leaf_kinds(kinds)
-    if _narrow(kinds):
-        columns = _gather_narrow(leaf_kinds, parts, length)  # type: ignore[arg-type]
-    else:
-        columns = _gather_spanning(leaf_kinds, parts, length)
-    leaves = iter(columns)
+    leaves = iter(_gather_leaves(_leaf_kinds(kinds), parts))
     arrays = [_assemble(field.type, kind, leaves, length) for field, kind in zip(schema, kinds, strict=True)]
     return pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=schema)])
 
 
-def _gather_narrow(leaf_kinds: list[Fixed], parts: list[Part], length: int) -> list[list[pa.Buffer | None]]:
-    """Narrow fixed-width rows (state/action vectors): one fancy-index per leaf and stored batch touched. Few
-    batches hold many such rows, so that is a handful of calls."""
-    outs = [np.empty(length, dtype=np.dtype((np.void, kind.width))) for kind in leaf_kinds]
-    for part in parts:
-        views = part.mapped.batch_views()
-        order = np.argsort(part.batches, kind="stable")
-        bounds = np.flatnonzero(np.diff(part.batches[order])) + 1
-        for group in np.split(order, bounds):
-            rows, positions = part.rows[group], part.positions[group]
-            for out, view in zip(outs, views[int(part.batches[group[0]])], strict=True):
-                out[positions] = view[rows]
-    return [[None, pa.py_buffer(out)] for out in outs]
-
-
-def _gather_spanning(
-    leaf_kinds: list[Fixed | Variable], parts: list[Part], length: int
-) -> list[list[pa.Buffer | None]]:
-    """Rows with wide or variable-width values (images, strings): one view across every touched segment, one
-    fancy-index per fixed-width leaf (its values as items of their width), and one copy per row for long
-    variable-width values. Such rows are few per stored batch, so per-batch calls would be one or two rows each."""
+def _gather_leaves(leaf_kinds: list[Fixed | Variable], parts: list[Part]) -> list[list[pa.Buffer | None]]:
+    """Each leaf's buffers: the addresses of every row and leaf, in request order, then one gather per leaf."""
     low = min(p.mapped.low for p in parts)
     memory = _memory(low, max(p.mapped.high for p in parts), [p.mapped.batches for p in parts])
-    positions = np.concatenate([p.positions for p in parts])
-    rows = np.concatenate([p.rows for p in parts])
-    starts = np.concatenate([p.mapped.starts[p.batches] for p in parts]) - low  # (row, leaf)
-    data_starts = np.concatenate([p.mapped.data_starts[p.batches] for p in parts]) - low
+    if len(parts) == 1:  # a single segment's positions are 0..n-1: already in request order
+        (part,) = parts
+        rows = part.rows
+        starts = part.mapped.starts[part.batches] - low  # (row, leaf)
+        data_starts = part.mapped.data_starts[part.batches] - low
+    else:
+        order = np.empty(sum(len(p.positions) for p in parts), dtype=np.int64)
+        order[np.concatenate([p.positions for p in parts])] = np.arange(len(order))
+        rows = np.concatenate([p.rows for p in parts])[order]
+        starts = np.concatenate([p.mapped.starts[p.batches] for p in parts])[order] - low
+        data_starts = np.concatenate([p.mapped.data_starts[p.batches] for p in parts])[order] - low
+    addresses = starts + rows[:, None] * parts[0].mapped.widths  # fixed-width leaves: where each value starts
     columns: list[list[pa.Buffer | None]] = []
     for n, kind in enumerate(leaf_kinds):
         if isinstance(kind, Variable):
-            columns.append(_copy_variable(memory, starts[:, n], rows, data_starts[:, n], positions, kind, length))
+            columns.append(_copy_variable(memory, starts[:, n] + rows * kind.offset_size, data_starts[:, n], kind))
             continue
-        item = np.dtype((np.void, kind.width))
+        item = _item_type(kind.width)
         items = np.ndarray((len(memory) - kind.width + 1,), item, memory, strides=(1,))  # one at every address
-        out = np.empty(length, dtype=item)
-        out[positions] = items[starts[:, n] + rows * kind.width]
-        columns.append([None, pa.py_buffer(out)])
+        columns.append([None, pa.py_buffer(items[addresses[:, n]])])
     return columns
+
+
+@functools.cache
+def _item_type(width: int) -> np.dtype:
+    return np.dtype((np.void, width))
 
 
 def _memory(low: int, high: int, owner: object) -> np.ndarray:
@@ -271,43 +239,32 @@ def _memory(low: int, high: int, owner: object) -> np.ndarray:
 
 
 def _copy_variable(
-    memory: np.ndarray,
-    offset_starts: np.ndarray,
-    rows: np.ndarray,
-    data_starts: np.ndarray,
-    positions: np.ndarray,
-    kind: Variable,
-    length: int,
+    memory: np.ndarray, offsets_at: np.ndarray, data_starts: np.ndarray, kind: Variable
 ) -> list[pa.Buffer | None]:
+    """A variable-width leaf's offsets and values, rows in request order (`offsets_at`: where each row's pair of
+    offsets lies)."""
     offset_type = np.dtype(kind.offset_type)
-    size = offset_type.itemsize
-    at = offset_starts + rows * size
-    bounds = memory[at[:, None] + np.arange(2 * size)].view(offset_type).astype(np.int64)  # (rows, 2)
-    lengths = np.zeros(length, dtype=np.int64)
-    lengths[positions] = bounds[:, 1] - bounds[:, 0]
-    offsets = np.zeros(length + 1, dtype=np.int64)
+    bounds = memory[offsets_at[:, None] + np.arange(2 * offset_type.itemsize)].view(offset_type).astype(np.int64)
+    lengths = bounds[:, 1] - bounds[:, 0]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(offset_type).max:
         raise OverflowError("the gathered values do not fit their offsets")
     sources = data_starts + bounds[:, 0]
-    if offsets[-1] <= _SHORT_VALUE_BYTES * len(rows):
-        values = _short_values(memory, sources, positions, lengths, offsets)
+    if offsets[-1] <= _SHORT_VALUE_BYTES * len(lengths):
+        values = _short_values(memory, sources, lengths, offsets)
     else:
         values = pa.allocate_buffer(int(offsets[-1]))  # from Arrow's pool: reused pages, not fresh ones each time
         target, source = memoryview(values).cast("B"), memoryview(memory)
-        copies = zip(offsets[positions].tolist(), sources.tolist(), lengths[positions].tolist(), strict=True)
+        copies = zip(offsets[:-1].tolist(), sources.tolist(), lengths.tolist(), strict=True)
         for target_at, source_at, count in copies:
             target[target_at : target_at + count] = source[source_at : source_at + count]
     return [None, pa.py_buffer(offsets.astype(offset_type)), values]
 
 
-def _short_values(
-    memory: np.ndarray, sources: np.ndarray, positions: np.ndarray, lengths: np.ndarray, offsets: np.ndarray
-) -> pa.Buffer:
+def _short_values(memory: np.ndarray, sources: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> pa.Buffer:
     """Short values (paths, labels) in one fancy-index over their bytes: cheaper than a copy per row."""
-    by_position = np.empty_like(sources)
-    by_position[positions] = sources
-    addresses = np.arange(offsets[-1], dtype=np.int64) + np.repeat(by_position - offsets[:-1], lengths)
+    addresses = np.arange(offsets[-1], dtype=np.int64) + np.repeat(sources - offsets[:-1], lengths)
     return pa.py_buffer(memory[addresses])
 
 
