@@ -22,7 +22,7 @@ from app.cold_reads import ParquetRows
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
-from app.gather import copies_row_by_row, gather, gather_kinds
+from app.gather import copies_row_by_row, gather
 from app.layouts import Layout, read_layout
 from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
 from app.settings import Settings
@@ -230,7 +230,7 @@ class Dataset:
     ) -> pa.Table:
         """View rows (in range) in the given order: sorted by segment and batch, taken, then put back in order."""
         files, stored = view.locate(rows)
-        touched = set(np.unique(files).tolist())
+        touched = np.unique(files).tolist()
         self._ensure_fresh(index, touched)
         schema = project(index.schema, names)
         if len(rows) == 0:
@@ -241,7 +241,7 @@ class Dataset:
             sources = self._mapped_sources(index, touched, len(rows), names, inline_bytes)
         segments_only = all(isinstance(s, Segment) for s in sources.values())
         if segments_only:
-            copied = self._gather_by_copy(sources, files, stored, names, schema)
+            copied = self._gather_by_copy(sources, files, stored, touched, names, schema)
             if copied is not None:
                 return copied
         if segments_only and len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
@@ -264,7 +264,7 @@ class Dataset:
         return pa.Table.from_batches(pieces, schema=schema).take(pa.array(inverse))
 
     def _mapped_sources(
-        self, index: EpisodeIndex, touched: set[int], rows: int, names: list[str] | None, inline_bytes: int
+        self, index: EpisodeIndex, touched: list[int], rows: int, names: list[str] | None, inline_bytes: int
     ) -> dict[int, Segment | ParquetRows]:
         """The touched files' segments if all are mapped already and `rows` of them fit `inline_bytes`."""
         sources: dict[int, Segment | ParquetRows] = {}
@@ -313,23 +313,27 @@ class Dataset:
         sources: dict[int, Segment | ParquetRows],
         files: np.ndarray,
         stored: np.ndarray,
+        touched: list[int],
         names: list[str] | None,
         schema: pa.Schema,
     ) -> pa.Table | None:
         """Rows copied byte-wise from the maps straight into request order (see `app.gather`); None when a
         column cannot be copied so, or when too many rows would be copied one by one."""
-        kinds = gather_kinds(schema)
-        if kinds is None or (len(files) > _ROW_SLICE_MAX and copies_row_by_row(kinds)):
-            return None
         parts = []
-        for number in np.unique(files).tolist():
-            positions = np.flatnonzero(files == number)
+        for number in touched:
             segment = sources[number]
             assert isinstance(segment, Segment)
-            part = segment.gather_part(positions, stored[positions], names, kinds)
+            if len(touched) == 1:
+                part = segment.gather_part(np.arange(len(files)), stored, names)
+            else:
+                positions = np.flatnonzero(files == number)
+                part = segment.gather_part(positions, stored[positions], names)
             if part is None:
                 return None
             parts.append(part)
+        kinds = parts[0].mapped.column_kinds
+        if len(files) > _ROW_SLICE_MAX and copies_row_by_row(kinds):
+            return None
         return gather(schema, kinds, parts, len(files))
 
     def _gather_row_slices(

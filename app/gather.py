@@ -109,13 +109,15 @@ class MappedColumns:
     def __init__(
         self,
         batches: list[pa.RecordBatch],
-        kinds: list[Fixed | Variable],
+        column_kinds: list[Kind],
         starts: np.ndarray,
         data_starts: np.ndarray,
         low: int,
         high: int,
     ) -> None:
         self.batches = batches  # keeps the mapped memory alive
+        self.column_kinds = column_kinds
+        kinds = _leaf_kinds(column_kinds)
         self.kinds = kinds
         self.starts, self.data_starts = starts, data_starts  # (stored batch, leaf)
         self.low, self.high = low, high  # every value lies in [low, high)
@@ -135,7 +137,7 @@ class MappedColumns:
         starts = np.array([places.starts for places in located], dtype=np.int64)
         data_starts = np.array([places.data_starts for places in located], dtype=np.int64)
         low, high = min(r[0] for r in regions), max(r[1] for r in regions)
-        return cls(batches, _leaf_kinds(kinds), starts, data_starts, low, high)
+        return cls(batches, kinds, starts, data_starts, low, high)
 
 
 class _Located:

@@ -40,7 +40,7 @@ from app import metrics
 from app.episode_index import SourceFingerprint, schema_hash
 from app.errors import DatasetError
 from app.files import fsync_directory, write_atomically
-from app.gather import Kind, MappedColumns, Part
+from app.gather import MappedColumns, Part, gather_kinds
 
 SEGMENT_FORMAT = 2
 _UNKNOWN = object()  # not looked at yet (None is an answer)
@@ -117,18 +117,21 @@ class Segment:
             self._row_bytes, key, lambda: sum(b.nbytes for b in self.projected(columns)) / max(1, self.num_rows)
         )
 
-    def mapped_columns(self, columns: list[str] | None, kinds: list[Kind]) -> MappedColumns | None:
+    def mapped_columns(self, columns: list[str] | None) -> MappedColumns | None:
         """The selected columns located in the map, for `app.gather` (remembered per selection); None when a
-        column holds nulls."""
+        column cannot be copied byte-wise (see `app.gather.gather_kinds`) or holds nulls."""
         key = None if columns is None else tuple(columns)
-        return _remembered(self._mapped_columns, key, lambda: MappedColumns.of(self.projected(columns), kinds))
+        return _remembered(self._mapped_columns, key, lambda: self._locate_columns(columns))
 
-    def gather_part(
-        self, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None, kinds: list[Kind]
-    ) -> Part | None:
+    def _locate_columns(self, columns: list[str] | None) -> MappedColumns | None:
+        batches = self.projected(columns)
+        kinds = gather_kinds(batches[0].schema) if batches else None
+        return None if kinds is None else MappedColumns.of(batches, kinds)
+
+    def gather_part(self, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None) -> Part | None:
         """Stored `rows`, going to answer `positions`, located for `app.gather.gather`; None when a column
-        holds nulls."""
-        mapped = self.mapped_columns(columns, kinds)
+        cannot be copied byte-wise."""
+        mapped = self.mapped_columns(columns)
         if mapped is None:
             return None
         numbers = np.searchsorted(self.batch_offsets, rows, side="right") - 1
