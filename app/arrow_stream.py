@@ -25,6 +25,17 @@ def stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
     return schema.serialize().size + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
 
 
+def encode_whole(schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None) -> pa.Buffer:
+    """The whole IPC stream in one buffer, written by Arrow itself. It copies the data, which for a small answer
+    (no buffer as large as `OWN_PART_BYTES`) costs less than collecting parts."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
 def encode_stream(
     schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None
 ) -> Iterator[list[Part]]:

@@ -18,7 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, TypeA
 from app.api.arrow_response import ArrowPartsResponse, ArrowStreamResponse
 from app.api.deps import get_dataset, get_settings, json_body_schema, read_json_body, run_read
 from app.api.problems import ProblemException
-from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, encode_stream, stream_size, table_batches
+from app.arrow_stream import (
+    ARROW_STREAM_MEDIA_TYPE,
+    OWN_PART_BYTES,
+    encode_stream,
+    encode_whole,
+    stream_size,
+    table_batches,
+)
 from app.dataset import Dataset, RowSlice, SliceBounds
 from app.episode_spec import EpisodeRanges, format_ranges, parse_episode_spec, ranges_from_ids
 from app.settings import Settings
@@ -109,13 +116,15 @@ def _columns(spec: str | None) -> list[str] | None:
 def _arrow_response(
     schema: pa.Schema, batches: list[pa.RecordBatch], headers: dict[str, str], compression: Compression
 ) -> Response:
-    """Small bodies encoded at once; large ones batch by batch as they are sent (compressed ones without a known
-    length)."""
-    size = stream_size(schema, batches)
+    """Small bodies encoded at once (tiny ones into one buffer); large ones batch by batch as they are sent
+    (compressed ones without a known length)."""
     headers = {**headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
     codec = None if compression in (None, "none") else compression
     if codec is not None:
         headers["X-Arrow-Compression"] = codec
+    if sum(b.nbytes for b in batches) < OWN_PART_BYTES:
+        return ArrowPartsResponse([memoryview(encode_whole(schema, batches, codec))], headers)
+    size = stream_size(schema, batches)
     if size <= _SINGLE_PIECE_BYTES:
         return ArrowPartsResponse([part for parts in encode_stream(schema, batches, codec) for part in parts], headers)
     if codec is not None:
