@@ -57,6 +57,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Episode-filtered rows of LeRobot-style parquet datasets as Arrow IPC streams.",
         default_response_class=OrjsonResponse,
         lifespan=lifespan,
+        # episerve reports through its own metrics and access log; FastAPI's OpenTelemetry hooks would look up
+        # the global providers on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.token_verifier = TokenVerifier(settings.accepted_tokens())
