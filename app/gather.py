@@ -116,12 +116,11 @@ class MappedColumns:
         high: int,
     ) -> None:
         self.batches = batches  # keeps the mapped memory alive
-        self.column_kinds = column_kinds
-        kinds = _leaf_kinds(column_kinds)
-        self.kinds = kinds
+        self.column_kinds = column_kinds  # per column; `kinds` per leaf
+        self.kinds = _leaf_kinds(column_kinds)
         self.starts, self.data_starts = starts, data_starts  # (stored batch, leaf)
         self.low, self.high = low, high  # every value lies in [low, high)
-        self.widths = np.array([k.width if isinstance(k, Fixed) else 0 for k in kinds], dtype=np.int64)
+        self.widths = np.array([k.width if isinstance(k, Fixed) else 0 for k in self.kinds], dtype=np.int64)
 
     @classmethod
     def of(cls, batches: list[pa.RecordBatch], kinds: list[Kind]) -> MappedColumns | None:
@@ -206,17 +205,19 @@ def _gather_leaves(leaf_kinds: list[Fixed | Variable], parts: list[Part]) -> lis
     """Each leaf's buffers: the addresses of every row and leaf, in request order, then one gather per leaf."""
     low = min(p.mapped.low for p in parts)
     memory = _memory(low, max(p.mapped.high for p in parts), [p.mapped.batches for p in parts])
-    if len(parts) == 1:  # a single segment's positions are 0..n-1: already in request order
-        (part,) = parts
-        rows = part.rows
-        starts = part.mapped.starts[part.batches] - low  # (row, leaf)
-        data_starts = part.mapped.data_starts[part.batches] - low
+    if len(parts) == 1:
+        positions, rows, batches = parts[0].positions, parts[0].rows, parts[0].batches
+        starts = parts[0].mapped.starts[batches] - low  # (row, leaf)
+        data_starts = parts[0].mapped.data_starts[batches] - low
     else:
-        order = np.empty(sum(len(p.positions) for p in parts), dtype=np.int64)
-        order[np.concatenate([p.positions for p in parts])] = np.arange(len(order))
-        rows = np.concatenate([p.rows for p in parts])[order]
-        starts = np.concatenate([p.mapped.starts[p.batches] for p in parts])[order] - low
-        data_starts = np.concatenate([p.mapped.data_starts[p.batches] for p in parts])[order] - low
+        positions = np.concatenate([p.positions for p in parts])
+        rows = np.concatenate([p.rows for p in parts])
+        starts = np.concatenate([p.mapped.starts[p.batches] for p in parts]) - low
+        data_starts = np.concatenate([p.mapped.data_starts[p.batches] for p in parts]) - low
+    if len(positions) and not (positions[0] == 0 and (np.diff(positions) == 1).all()):  # one segment: in order
+        order = np.empty_like(positions)
+        order[positions] = np.arange(len(positions))
+        rows, starts, data_starts = rows[order], starts[order], data_starts[order]
     addresses = starts + rows[:, None] * parts[0].mapped.widths  # fixed-width leaves: where each value starts
     columns: list[list[pa.Buffer | None]] = []
     for n, kind in enumerate(leaf_kinds):

@@ -3,7 +3,7 @@
 Loaders: `episerve.EpisodeDataset` (map-style, one take per batch, `episerve.collate`), `episerve.
 EpisodeIterableDataset` (shuffled chunks, batched in the dataset), HF `datasets` in torch format (its own
 `__getitems__` plus the default collate), and the local mmap ceiling (one batch-grouped take per batch, handed
-to the main process as one shared block like episerve's batches; for reference also with torch's default
+to the main process as one block like episerve's batches; for reference also with torch's default
 per-tensor hand-off). The clock starts once the first batch has arrived (worker start-up excluded) and stops at
 the last one.
 """

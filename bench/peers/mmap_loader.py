@@ -49,7 +49,7 @@ def identity(batch: Any) -> Any:
 
 class MmapBatchDataset:
     """Rows of an IPC file; `__getitems__(indices)` returns one dict of batched tensors: with `one_block`, a dict
-    that DataLoader workers hand over as one shared block (as episerve's batches are), else a plain dict (one
+    that DataLoader workers hand over as one block (as episerve's batches are), else a plain dict (one
     shared-memory hand-off per tensor, torch's default)."""
 
     def __init__(self, path: Path, one_block: bool = True) -> None:
