@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -323,11 +323,8 @@ class Dataset:
         for number in touched:
             segment = sources[number]
             assert isinstance(segment, Segment)
-            if len(touched) == 1:
-                part = segment.gather_part(np.arange(len(files)), stored, names)
-            else:
-                positions = np.flatnonzero(files == number)
-                part = segment.gather_part(positions, stored[positions], names)
+            positions = np.flatnonzero(files == number)
+            part = segment.gather_part(positions, stored[positions], names)
             if part is None:
                 return None
             parts.append(part)
@@ -411,7 +408,7 @@ class Dataset:
                 index = self.reload(index)
         raise Unavailable(f"source files of dataset {self.id!r} keep changing; retry later")
 
-    def _ensure_fresh(self, index: EpisodeIndex, files: set[int]) -> None:
+    def _ensure_fresh(self, index: EpisodeIndex, files: Iterable[int]) -> None:
         root = str(self.path)
         for number in files:
             source = index.files[number]
