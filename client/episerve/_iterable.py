@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from episerve._blobs import DeferredBlobs
 from episerve._client import Client, DeltaTimestamps
 from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
 from episerve._retry import Retries
 from episerve._selection import Selection
 from episerve._sharding import EpochPlan, delivered_per_worker
-from episerve._tensors import Columns, Output, resolve_output, table_columns, to_output
+from episerve._tensors import Column, Columns, Output, resolve_output, table_columns, to_output
 
 try:
     import torch.distributed as _distributed
@@ -185,7 +186,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
                 f"the view of {self.selection.dataset_id!r} changed from {self.total_rows} to {pages.total_rows} rows "
                 "during the epoch (its source files changed); start a new dataset object"
             )
-        columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images)
+        columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images, defer_blobs=True)
         if order is not None:
             columns = {name: values[order] for name, values in columns.items()}
         if skip:
@@ -278,7 +279,13 @@ def _split(pending: list[Columns], size: int) -> tuple[Columns, list[Columns]]:
             need = 0
     if len(taken) == 1:
         return taken[0], pending
-    return {name: np.concatenate([part[name] for part in taken]) for name in taken[0]}, pending
+    return {name: _concatenate([part[name] for part in taken]) for name in taken[0]}, pending
+
+
+def _concatenate(parts: list[Column]) -> Column:
+    if isinstance(parts[0], DeferredBlobs):
+        return DeferredBlobs.concatenate(parts)
+    return np.concatenate(parts)
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

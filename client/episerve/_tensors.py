@@ -17,10 +17,12 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from episerve._blobs import DeferredBlobs, is_binary
 from episerve._shared import TensorBatch
 
 Output = Literal["torch", "numpy"]
-Columns = dict[str, np.ndarray]
+Column = np.ndarray | DeferredBlobs
+Columns = dict[str, Column]
 
 
 @cache
@@ -56,17 +58,30 @@ class _Owner:
         return None
 
 
-def table_columns(table: pa.Table, *, buffers: Sequence[pa.Buffer] = (), decode_images: bool = False) -> Columns:
+def table_columns(
+    table: pa.Table,
+    *,
+    buffers: Sequence[pa.Buffer] = (),
+    decode_images: bool = False,
+    defer_blobs: bool = False,
+) -> Columns:
     """Each column of `table` as one array whose first axis is the row (object arrays for Python values).
 
     `buffers` are the writable buffers the table was read from; columns lying in them are viewed, not copied.
+    With `defer_blobs`, binary columns and undecoded images are `DeferredBlobs`, copied out only when handed out.
     """
     owner = _Owner(buffers) if buffers else None
-    return {name: _chunked(table.column(i), owner, decode_images) for i, name in enumerate(table.column_names)}
+    return {
+        name: _chunked(table.column(i), owner, decode_images, defer_blobs) for i, name in enumerate(table.column_names)
+    }
 
 
-def _chunked(column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
+def _chunked(column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool, defer_blobs: bool) -> Column:
     chunks = [c for c in column.chunks if len(c)] or [pa.array([], type=column.type)]
+    if defer_blobs and is_binary(column.type):
+        return DeferredBlobs.of(chunks)
+    if defer_blobs and is_image(column.type) and not decode_images:
+        return DeferredBlobs.of([_image_bytes(chunk) for chunk in chunks])
     parts = [_array(c, owner, decode_images) for c in chunks]
     if len(parts) == 1:
         return parts[0]
@@ -89,7 +104,7 @@ def _array(array: pa.Array, owner: _Owner | None, decode_images: bool) -> np.nda
     if pa.types.is_boolean(kind) and array.null_count == 0:
         return array.to_numpy(zero_copy_only=False)  # bit-packed in Arrow: one unavoidable unpacking copy
     if is_image(kind):
-        blobs = _objects(array.flatten()[kind.get_field_index("bytes")])
+        blobs = _objects(_image_bytes(array))
         return decode_image_column(blobs) if decode_images else blobs
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return _variable_list(array, owner, decode_images)
@@ -108,7 +123,12 @@ def is_image(kind: pa.DataType) -> bool:
     if not pa.types.is_struct(kind) or kind.get_field_index("bytes") < 0:
         return False
     field = kind.field(kind.get_field_index("bytes"))
-    return pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)
+    return is_binary(field.type)
+
+
+def _image_bytes(array: pa.StructArray) -> pa.Array:
+    """The encoded bytes of an image column, null where the image is."""
+    return array.flatten()[array.type.get_field_index("bytes")]
 
 
 def _numeric_view(array: pa.Array, owner: _Owner | None) -> np.ndarray:
