@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from episerve._numpy import nulls, offsets
+
 
 class DeferredBlobs:
     """The rows of a binary column as `bytes` (or `None` for nulls), copied out only by `tolist()`.
@@ -37,15 +39,15 @@ class DeferredBlobs:
         views: list[memoryview] = []
         sources, starts, stops = [], [], []
         for chunk in chunks:
-            offsets = _offsets(chunk)
+            bounds = offsets(chunk)
             data = chunk.buffers()[2]
             source = np.full(len(chunk), len(views), dtype=np.int32)
             if chunk.null_count:
-                source[~chunk.is_valid().to_numpy(zero_copy_only=False)] = -1
+                source[nulls(chunk)] = -1
             views.append(memoryview(data if data is not None else b"").cast("B"))
             sources.append(source)
-            starts.append(offsets[:-1])
-            stops.append(offsets[1:])
+            starts.append(bounds[:-1])
+            stops.append(bounds[1:])
         if not views:
             return cls([], *(np.empty(0, dtype=dtype) for dtype in (np.int32, np.int64, np.int64)))
         return cls(views, np.concatenate(sources), _int64(starts), _int64(stops))
@@ -83,14 +85,6 @@ class DeferredBlobs:
 
 def is_binary(kind: pa.DataType) -> bool:
     return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-
-
-def _offsets(chunk: pa.Array) -> np.ndarray:
-    dtype = np.int64 if pa.types.is_large_binary(chunk.type) else np.int32
-    itemsize = np.dtype(dtype).itemsize
-    if len(chunk) == 0:
-        return np.zeros(1, dtype=dtype)
-    return np.frombuffer(chunk.buffers()[1], dtype=dtype, count=len(chunk) + 1, offset=chunk.offset * itemsize)
 
 
 def _int64(parts: list[np.ndarray]) -> np.ndarray:

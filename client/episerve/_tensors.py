@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from episerve._blobs import DeferredBlobs, is_binary
+from episerve._numpy import booleans, fixed_width, nulls, offsets
 from episerve._shared import TensorBatch
 
 Output = Literal["torch", "numpy"]
@@ -77,7 +78,7 @@ def table_columns(
 
 
 def _chunked(column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool, defer_blobs: bool) -> Column:
-    chunks = [c for c in column.chunks if len(c)] or [pa.array([], type=column.type)]
+    chunks = [c for c in column.chunks if len(c)] or [pa.nulls(0, type=column.type)]
     if defer_blobs and is_binary(column.type):
         return DeferredBlobs.of(chunks)
     if defer_blobs and is_image(column.type) and not decode_images:
@@ -102,7 +103,7 @@ def _array(array: pa.Array, owner: _Owner | None, decode_images: bool) -> np.nda
     if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and array.null_count == 0:
         return _numeric_view(array, owner)
     if pa.types.is_boolean(kind) and array.null_count == 0:
-        return array.to_numpy(zero_copy_only=False)  # bit-packed in Arrow: one unavoidable unpacking copy
+        return booleans(array)  # bit-packed in Arrow: one unavoidable unpacking copy
     if is_image(kind):
         blobs = _objects(_image_bytes(array))
         return decode_image_column(blobs) if decode_images else blobs
@@ -140,7 +141,7 @@ def _numeric_view(array: pa.Array, owner: _Owner | None) -> np.ndarray:
         viewed = owner.view(address, count * dtype.itemsize, dtype, count)
         if viewed is not None:
             return viewed
-    view = array.to_numpy(zero_copy_only=True)
+    view = fixed_width(array, dtype)
     return view if view.flags.writeable else view.copy()
 
 
@@ -157,20 +158,19 @@ def _fixed_size_list(array: pa.FixedSizeListArray, owner: _Owner | None, decode_
 
 def _variable_list(array: pa.ListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
     values = _array(array.flatten(), owner, decode_images)
-    offsets = array.offsets.to_numpy()
-    bounds = offsets - offsets[0]
+    bounds = offsets(array).astype(np.int64)
+    bounds -= bounds[0]
     pieces = np.split(values, bounds[1:-1]) if len(array) else []
     out = np.empty(len(array), dtype=object)
     for row, piece in enumerate(pieces):
         out[row] = piece if values.dtype != object else list(piece)
     if array.null_count:
-        out[np.asarray(array.is_null())] = None
+        out[nulls(array)] = None
     return out
 
 
 def _objects(array: pa.Array) -> np.ndarray:
-    values = array.to_numpy(zero_copy_only=False)
-    return values if values.dtype == object else _as_objects(values)
+    return _as_objects(array.to_pylist())
 
 
 def _as_objects(values: np.ndarray | list[Any]) -> np.ndarray:
