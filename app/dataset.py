@@ -152,10 +152,14 @@ class Dataset:
         columns: list[str] | None,
         max_rows: int,
         windows: WindowRequest | None = None,
+        inline: bool = False,
     ) -> RowSlice:
         """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches.
 
-        Windowed columns, when asked for, are gathered and replace the stored column in the batches.
+        Windowed columns, when asked for, are gathered and replace the stored column in the batches. With
+        `inline`, the slice must be quick enough to run on an event loop: when it would load the index, map or
+        build a segment, reload changed sources or compute windows, it raises `WouldBlock` before doing any of
+        that.
         """
 
         def attempt(index: EpisodeIndex) -> RowSlice:
@@ -170,13 +174,15 @@ class Dataset:
                     max_rows,
                 )
             self._check_window_size(hi - lo, spec)
+            if inline and spec is not None:
+                raise WouldBlock("windows are computed off the event loop")
             spans = list(view.spans(lo, hi))
             self._ensure_fresh(index, {file for file, _, _ in spans})
             base = with_window_columns(names, spec)
             batches = [
                 piece
                 for file, first, end in spans
-                for piece in self.segments.open(index.files[file], index.schema).slice(first, end, base)
+                for piece in self._segment(index, file, inline).slice(first, end, base)
             ]
             schema = project(index.schema, base)
             if spec is not None:
@@ -185,7 +191,18 @@ class Dataset:
                 schema, batches = table.schema, table.to_batches()
             return RowSlice(schema, batches, total, lo, hi, index.digest)
 
-        return self._with_fresh_index(attempt)
+        return self._with_fresh_index(attempt, waits=not inline)
+
+    def _segment(self, index: EpisodeIndex, number: int, mapped_only: bool) -> Segment:
+        """The segment of source file `number`; with `mapped_only`, only if this process has it mapped already
+        (else `WouldBlock`)."""
+        source = index.files[number]
+        if not mapped_only:
+            return self.segments.open(source, index.schema)
+        segment = self.segments.opened(source)
+        if segment is None:
+            raise WouldBlock(f"segment of {source.path} is not mapped yet")
+        return segment
 
     def take(
         self,

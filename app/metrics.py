@@ -30,6 +30,10 @@ ROWS_SERVED = Counter("episerve_rows_served_total", "Rows sent in Arrow response
 INLINE_TAKES = Counter(
     "episerve_inline_takes_total", "Takes answered on the event loop, from mapped segments, without a thread hand-off"
 )
+INLINE_SLICES = Counter(
+    "episerve_inline_slices_total",
+    "Row slices (GET /rows) answered on the event loop, from mapped segments, without a thread hand-off",
+)
 CACHE_HITS = Counter("episerve_cache_hits_total", "Segment opens served from the open-segment LRU")
 CACHE_MISSES = Counter("episerve_cache_misses_total", "Segment opens that had to map (or build) the segment")
 CACHE_BUILDS = Counter("episerve_cache_builds_total", "Segments converted from parquet")

@@ -61,8 +61,8 @@ class Settings(BaseSettings):
     inline_read_bytes: int = Field(
         4 * 1024 * 1024,
         ge=0,
-        description="Takes of at most this many bytes from already-mapped segments are answered on the event loop, "
-        "without the framework and thread-pool hand-off (0: never).",
+        description="Takes of at most this many bytes, and plain GET /rows slices, from already-mapped segments are "
+        "answered on the event loop, without the framework and thread-pool hand-off (0: never).",
     )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(

@@ -126,3 +126,61 @@ def test_lane_takes_are_counted_under_the_take_route(lanes: tuple[httpx.Client, 
     assert metric(text, "episerve_requests_total", endpoint=endpoint, method="POST", status="200") == before + 5
     assert metric(text, INLINE_TAKES) == inline_before + 5
     assert metric(text, "episerve_rows_served_total", endpoint=endpoint) >= 15
+
+
+ROWS = "/datasets/lerobot/demo-v3/rows"
+INLINE_SLICES = "episerve_inline_slices_total"
+
+
+def test_quick_slices_equal_the_regular_route_byte_for_byte(
+    lanes: tuple[httpx.Client, httpx.Client], datasets_root: Path
+) -> None:
+    fast, slow = lanes
+    view = oracle(datasets_root / "lerobot" / "demo-v3", None)
+    queries = [
+        {},
+        {"start": 5, "stop": 40},
+        {"start": 0, "stop": view.num_rows + 100},  # clamped, across every file
+        {"episodes": "2,7-9", "columns": "action,index"},
+        {"episodes": "9", "start": 3},
+        {"start": 30, "stop": 30},
+        {"columns": "observation.image,timestamp", "stop": 50},
+    ]
+    before = metric(fast.get("/metrics").text, INLINE_SLICES)
+    for query in queries:
+        slow_answer = slow.get(ROWS, params=query)
+        assert slow_answer.status_code == 200, slow_answer.text
+        for _ in range(2):  # the first may map segments (regular route); the second is answered on the lane
+            fast_answer = fast.get(ROWS, params=query)
+            assert fast_answer.status_code == 200, fast_answer.text
+            assert fast_answer.content == slow_answer.content
+            for header in ("content-type", "content-length", "etag", "x-total-rows", "x-start", "x-stop"):
+                assert fast_answer.headers[header] == slow_answer.headers[header], header
+    assert metric(fast.get("/metrics").text, INLINE_SLICES) - before >= len(queries)
+    assert metric(slow.get("/metrics").text, INLINE_SLICES) == 0
+
+    whole = read_stream(fast.get(ROWS).content)
+    assert_tables_equal(whole, view)
+
+
+def test_slices_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    fast, _ = lanes
+    assert fast.get(ROWS, params={"stop": 5}).status_code == 200  # the segments the lane could use are mapped
+    before = metric(fast.get("/metrics").text, INLINE_SLICES)
+    assert_problem(httpx.get(f"{fast.base_url}{ROWS}"), 401, "bearer token")
+    assert_problem(fast.get(ROWS, params={"start": "-1"}), 422, "start")
+    assert_problem(fast.get(ROWS, params={"start": "x"}), 422, "start")
+    assert_problem(fast.get(ROWS, params={"start": 9, "stop": 3}), 422, "greater than stop")
+    assert_problem(fast.get(ROWS, params={"columns": "nope"}), 422, "nope")
+    assert_problem(fast.get(ROWS, params={"episodes": "999"}), 404, "999")
+    assert_problem(fast.get(ROWS, params={"episodes": "1-"}), 422)
+    assert_problem(fast.get("/datasets/lerobot/nope/rows"), 404, "nope")
+    repeated = fast.get(f"{ROWS}?stop=3&stop=4")  # the route's reading of a repeated parameter, whatever it is
+    assert repeated.status_code == 200 and repeated.headers["x-stop"] in ("3", "4")
+    windowed = fast.get(ROWS, params={"stop": 4, "delta_timestamps": '{"action": [0, 0.0333333]}'})
+    assert read_stream(windowed.content).schema.field("action").type.list_size == 2
+    compressed = fast.get(ROWS, params={"stop": 4, "compression": "zstd"})
+    assert compressed.headers["x-arrow-compression"] == "zstd" and read_stream(compressed.content).num_rows == 4
+    etag = fast.get(ROWS, params={"stop": 4}).headers["etag"]
+    assert fast.get(ROWS, params={"stop": 4}, headers={"If-None-Match": etag}).status_code == 304
+    assert metric(fast.get("/metrics").text, INLINE_SLICES) == before + 1  # only the plain slice before the 304

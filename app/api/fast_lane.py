@@ -1,15 +1,22 @@
-"""The fast lane: quick row takes answered right on the event loop, ahead of the framework.
+"""The fast lane: quick row reads answered right on the event loop, ahead of the framework.
 
 A 256-row take from a mapped segment is a fraction of a millisecond of work, less than the routing, dependency
-injection and thread-pool hand-off around it. This ASGI middleware answers the common case of
-`POST /datasets/{id}/rows/take` itself: an accepted token, a JSON body that validates, a loaded dataset whose
-touched segments this process has mapped already, and a result of at most `EPISERVE_INLINE_READ_BYTES` (0 turns
-the lane off). Anything else (every error, a first touch that maps or builds a segment, a large take) goes on,
-body intact, to the regular route, which answers it as it always does. The response is the same either way;
-only its cost differs.
+injection and thread-pool hand-off around it; a contiguous slice of mapped segments is zero-copy views, sent on
+the event loop anyway. This ASGI middleware answers the common cases itself:
+
+- `POST /datasets/{id}/rows/take`: an accepted token, a JSON body that validates, a loaded dataset whose touched
+  segments this process has mapped already, and a result of at most `EPISERVE_INLINE_READ_BYTES`;
+- `GET /datasets/{id}/rows` with only `episodes`, `start`, `stop` and `columns` in its query (no windows, no
+  compression, no `If-None-Match`), an accepted token, and segments this process has mapped already.
+
+`EPISERVE_INLINE_READ_BYTES=0` turns the lane off. Anything else (every error, a first touch that maps or builds
+a segment, a large take) goes on, body intact, to the regular route, which answers it as it always does. The
+response is the same either way; only its cost differs.
 """
 
 from __future__ import annotations
+
+from urllib.parse import parse_qsl
 
 from starlette.datastructures import Headers, State
 from starlette.responses import Response
@@ -19,31 +26,44 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import metrics
 from app.api.deps import check_json_content_type, decode_json_body
 from app.api.problems import ProblemException
-from app.api.rows import TakeRequest, take_ranges, take_response
+from app.api.rows import MAX_ROW, SliceRequest, TakeRequest, columns_of, slice_response, take_ranges, take_response
 from app.auth import TokenCheck
 from app.errors import EpiserveError, WouldBlock
+from app.windows import DEFAULT_TOLERANCE_S
 
 _TAKE_SUFFIX = "/rows/take"
+_SLICE_SUFFIX = "/rows"
+_SLICE_PARAMETERS = frozenset({"episodes", "start", "stop", "columns"})
 
 
 class FastLane:
-    """Serves quick takes itself and hands every other request, untouched, to `app`."""
+    """Serves quick takes and slices itself and hands every other request, untouched, to `app`."""
 
-    def __init__(self, app: ASGIApp, state: State, take_route: BaseRoute) -> None:
+    def __init__(self, app: ASGIApp, state: State, take_route: BaseRoute, slice_route: BaseRoute) -> None:
         self.app = app
         self.state = state
         self.take_route = take_route
+        self.slice_route = slice_route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith(_TAKE_SUFFIX):
-            await self.app(scope, receive, send)
-            return
-        match, child_scope = self.take_route.matches(scope)
         settings = getattr(self.state, "settings", None)
-        if match is not Match.FULL or settings is None or settings.inline_read_bytes == 0:
+        if scope["type"] != "http" or settings is None or settings.inline_read_bytes == 0:
             await self.app(scope, receive, send)
             return
-        body, complete, receive = await _buffer_body(receive, settings.max_body_bytes)
+        method, path = scope["method"], scope["path"]
+        if method == "POST" and path.endswith(_TAKE_SUFFIX):
+            await self._take(scope, receive, send)
+        elif method == "GET" and path.endswith(_SLICE_SUFFIX):
+            await self._slice(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _take(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match, child_scope = self.take_route.matches(scope)
+        if match is not Match.FULL:
+            await self.app(scope, receive, send)
+            return
+        body, complete, receive = await _buffer_body(receive, self.state.settings.max_body_bytes)
         response = self._quick_take(scope, child_scope["path_params"]["dataset_id"], body) if complete else None
         if response is None:
             await self.app(scope, receive, send)
@@ -51,24 +71,76 @@ class FastLane:
         scope.update(child_scope)  # the route, as the router would have set it (metrics label it by its path)
         await response(scope, receive, send)
 
+    async def _slice(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match, child_scope = self.slice_route.matches(scope)
+        response = self._quick_slice(scope, child_scope["path_params"]["dataset_id"]) if match is Match.FULL else None
+        if response is None:
+            await self.app(scope, receive, send)
+            return
+        scope.update(child_scope)
+        await response(scope, receive, send)
+
+    def _accepted(self, headers: Headers) -> bool:
+        return getattr(self.state, "catalog", None) is not None and (
+            self.state.token_verifier.check(headers.get("authorization")) is TokenCheck.OK
+        )
+
     def _quick_take(self, scope: Scope, dataset_id: str, body: bytes) -> Response | None:
         """The take's response if it can be answered right here without waiting; None otherwise."""
-        catalog = getattr(self.state, "catalog", None)
-        if catalog is None:
-            return None
         headers = Headers(scope=scope)
-        if self.state.token_verifier.check(headers.get("authorization")) is not TokenCheck.OK:
+        if not self._accepted(headers):
             return None
         settings = self.state.settings
         try:
             check_json_content_type(headers.get("content-type"))
             request = decode_json_body(body, TakeRequest)
             ranges = take_ranges(request, settings)
-            response = take_response(catalog.get(dataset_id), ranges, request, settings.inline_read_bytes)
+            response = take_response(self.state.catalog.get(dataset_id), ranges, request, settings.inline_read_bytes)
         except (ProblemException, EpiserveError, WouldBlock):
             return None  # the regular route answers it (and words every error)
         metrics.INLINE_TAKES.inc()
         return response
+
+    def _quick_slice(self, scope: Scope, dataset_id: str) -> Response | None:
+        """The slice's response if it can be answered right here without waiting; None otherwise."""
+        headers = Headers(scope=scope)
+        if "if-none-match" in headers or not self._accepted(headers):
+            return None
+        selection = _plain_slice(scope["query_string"])
+        if selection is None:
+            return None
+        try:
+            dataset = self.state.catalog.get(dataset_id)
+            response = slice_response(dataset, self.state.settings, selection, None, inline=True)
+        except (ProblemException, EpiserveError, WouldBlock):
+            return None
+        metrics.INLINE_SLICES.inc()
+        return response
+
+
+def _plain_slice(query: bytes) -> SliceRequest | None:
+    """The selection of a query holding only well-formed `episodes`, `start`, `stop` and `columns`, each at most
+    once; None for anything else, which the route validates and answers."""
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+    values = dict(pairs)
+    if len(values) != len(pairs) or not values.keys() <= _SLICE_PARAMETERS:
+        return None
+    bounds = {}
+    for name in ("start", "stop"):
+        text = values.get(name)
+        if text is not None:
+            if not (text.isascii() and text.isdigit()) or int(text) > MAX_ROW:
+                return None
+            bounds[name] = int(text)
+    return SliceRequest.model_construct(
+        episodes=values.get("episodes"),
+        start=bounds.get("start", 0),
+        stop=bounds.get("stop"),
+        columns=columns_of(values.get("columns")),
+        delta_timestamps=None,
+        tolerance_s=DEFAULT_TOLERANCE_S,
+        compression=None,
+    )
 
 
 async def _buffer_body(receive: Receive, limit: int) -> tuple[bytes, bool, Receive]:

@@ -1,7 +1,8 @@
 """Row endpoints: a contiguous slice of a view (`GET`/`POST /rows`) and rows by view index (`POST /rows/take`).
 
-All answer with an Arrow IPC stream of exact Content-Length. The work runs in one thread-pool call per request;
-small bodies are encoded at once, large ones stream from the memory-mapped segments one batch at a time.
+All answer with an Arrow IPC stream of exact Content-Length. The work runs in one thread-pool call per request
+(quick takes and plain slices are answered ahead of these routes: see `app.api.fast_lane`); small bodies are
+encoded at once, large ones stream from the memory-mapped segments one batch at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from app.windows import DEFAULT_TOLERANCE_S, WindowRequest
 
 router = APIRouter(tags=["rows"])
 
-_MAX_ROW = 2**62
+MAX_ROW = 2**62
 _SINGLE_PIECE_BYTES = 4 * 1024 * 1024
 _ARROW_RESPONSE = {
     200: {"content": {ARROW_STREAM_MEDIA_TYPE: {}}, "description": "Arrow IPC stream of the rows"},
@@ -52,7 +53,7 @@ class RowSelection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    episodes: str | list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] | None = Field(
+    episodes: str | list[Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]] | None = Field(
         None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
     )
     columns: list[str] | None = Field(None, description="Columns to return, in this order; absent means all.")
@@ -68,7 +69,7 @@ class RowSelection(BaseModel):
 class TakeRequest(RowSelection):
     """Rows by position in the view of `episodes` (all episodes when absent)."""
 
-    indices: list[Annotated[StrictInt, Field(ge=0, le=_MAX_ROW)]] = Field(
+    indices: list[Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]] = Field(
         description="View row positions; order is kept and duplicates are allowed."
     )
 
@@ -76,8 +77,8 @@ class TakeRequest(RowSelection):
 class SliceRequest(RowSelection):
     """A contiguous slice of the view of `episodes`, as GET /rows takes it in its query."""
 
-    start: StrictInt = Field(0, ge=0, le=_MAX_ROW, description="First view row (inclusive).")
-    stop: StrictInt | None = Field(None, ge=0, le=_MAX_ROW, description="End view row (exclusive); clamped.")
+    start: StrictInt = Field(0, ge=0, le=MAX_ROW, description="First view row (inclusive).")
+    stop: StrictInt | None = Field(None, ge=0, le=MAX_ROW, description="End view row (exclusive); clamped.")
 
 
 def episode_ranges(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
@@ -109,7 +110,8 @@ def _parse_delta_timestamps(text: str | None) -> dict | None:
         ) from exc
 
 
-def _columns(spec: str | None) -> list[str] | None:
+def columns_of(spec: str | None) -> list[str] | None:
+    """The column names of a comma-separated `columns` query value."""
     return None if spec is None else [c.strip() for c in spec.split(",")]
 
 
@@ -144,8 +146,8 @@ async def read_rows(
     dataset: Dataset = Depends(get_dataset),
     settings: Settings = Depends(get_settings),
     episodes: str | None = Query(None, description="Episode spec, e.g. '0,3-5,9'; absent means every episode."),
-    start: int = Query(0, ge=0, le=_MAX_ROW, description="First view row (inclusive)."),
-    stop: int | None = Query(None, ge=0, le=_MAX_ROW, description="End view row (exclusive); clamped to the view."),
+    start: int = Query(0, ge=0, le=MAX_ROW, description="First view row (inclusive)."),
+    stop: int | None = Query(None, ge=0, le=MAX_ROW, description="End view row (exclusive); clamped to the view."),
     columns: str | None = Query(None, description="Comma-separated columns, in the order wanted."),
     delta_timestamps: str | None = Query(
         None, description='JSON object of LeRobot windows, e.g. {"action": [0, 0.0333333, 0.0666667]}.'
@@ -157,12 +159,13 @@ async def read_rows(
         episodes=episodes,
         start=start,
         stop=stop,
-        columns=_columns(columns),
+        columns=columns_of(columns),
         delta_timestamps=_parse_delta_timestamps(delta_timestamps),
         tolerance_s=tolerance_s,
         compression=compression,
     )
-    return await run_read(request, _slice_response, request, dataset, settings, selection)
+    conditional = request.headers.get("if-none-match")
+    return await run_read(request, slice_response, dataset, settings, selection, conditional)
 
 
 @router.post(
@@ -178,10 +181,15 @@ async def read_rows_with_body(
     settings: Settings = Depends(get_settings),
 ) -> Response:
     body = await read_json_body(request, SliceRequest, settings.max_body_bytes)
-    return await run_read(request, _slice_response, request, dataset, settings, body)
+    conditional = request.headers.get("if-none-match")
+    return await run_read(request, slice_response, dataset, settings, body, conditional)
 
 
-def _slice_response(request: Request, dataset: Dataset, settings: Settings, selection: SliceRequest) -> Response:
+def slice_response(
+    dataset: Dataset, settings: Settings, selection: SliceRequest, conditional: str | None, inline: bool = False
+) -> Response:
+    """The Arrow response of a slice, or 304 when `conditional` (If-None-Match) names its ETag (`inline`: see
+    `Dataset.read_slice`)."""
     start, stop, columns, compression = selection.start, selection.stop, selection.columns, selection.compression
     ranges = episode_ranges(selection.episodes, settings)
     windows = _windows(selection.delta_timestamps, selection.tolerance_s)
@@ -198,12 +206,11 @@ def _slice_response(request: Request, dataset: Dataset, settings: Settings, sele
             "Cache-Control": "no-cache",
         }
 
-    conditional = request.headers.get("if-none-match")
     if conditional:  # answered from the view alone: a 304 never reads (or builds) a segment
         headers = headers_of(dataset.slice_bounds(ranges, start, stop))
         if headers["ETag"] in [tag.strip() for tag in conditional.split(",")]:
             return Response(status_code=304, headers=headers)
-    selected = dataset.read_slice(ranges, start, stop, columns, settings.max_rows_per_response, windows)
+    selected = dataset.read_slice(ranges, start, stop, columns, settings.max_rows_per_response, windows, inline)
     return _arrow_response(selected.schema, selected.batches, headers_of(selected), compression)
 
 
@@ -227,6 +234,11 @@ async def take_rows(
 def take_route() -> APIRoute:
     """The route of `POST /rows/take` (the fast lane answers its quick requests ahead of it)."""
     return next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is take_rows)
+
+
+def slice_route() -> APIRoute:
+    """The route of `GET /rows` (the fast lane answers its quick requests ahead of it)."""
+    return next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is read_rows)
 
 
 def take_ranges(body: TakeRequest, settings: Settings) -> EpisodeRanges | None:
