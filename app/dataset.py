@@ -22,7 +22,7 @@ from app.cold_reads import ParquetRows
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
-from app.gather import copies_row_by_row, gather
+from app.gather import gather
 from app.layouts import Layout, read_layout
 from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
 from app.settings import Settings
@@ -286,9 +286,7 @@ class Dataset:
         """The touched files' segments if all are mapped already and `rows` of them fit `inline_bytes`."""
         sources: dict[int, Segment | ParquetRows] = {}
         for number in touched:
-            segment = self.segments.opened(index.files[number])
-            if segment is None:
-                raise WouldBlock(f"segment of {index.files[number].path} is not mapped yet")
+            segment = self._segment(index, number, mapped_only=True)
             if rows * segment.row_bytes(names) > inline_bytes:
                 raise WouldBlock(f"{rows} rows are more than {inline_bytes} bytes")
             sources[number] = segment
@@ -345,10 +343,9 @@ class Dataset:
             if part is None:
                 return None
             parts.append(part)
-        kinds = parts[0].mapped.column_kinds
-        if len(files) > _ROW_SLICE_MAX and copies_row_by_row(kinds):
+        if len(files) > _ROW_SLICE_MAX and parts[0].mapped.copies_row_by_row:
             return None
-        return gather(schema, kinds, parts, len(files))
+        return gather(schema, parts, len(files))
 
     def _gather_row_slices(
         self,

@@ -61,11 +61,6 @@ def gather_kinds(schema: pa.Schema) -> list[Kind] | None:
     return None if any(kind is None for kind in kinds) else kinds  # type: ignore[return-value]
 
 
-def copies_row_by_row(kinds: Sequence[Kind]) -> bool:
-    """Whether some values may be copied one row at a time (long variable-width ones), not by a fancy-index."""
-    return any(isinstance(kind, Variable) for kind in _leaf_kinds(kinds))
-
-
 def column_kind(kind: pa.DataType) -> Kind | None:
     width = fixed_row_width(kind)
     if width is not None:
@@ -121,6 +116,8 @@ class MappedColumns:
         self.starts, self.data_starts = starts, data_starts  # (stored batch, leaf)
         self.low, self.high = low, high  # every value lies in [low, high)
         self.widths = np.array([k.width if isinstance(k, Fixed) else 0 for k in self.kinds], dtype=np.int64)
+        # whether some values may be copied one row at a time (long variable-width ones), not by a fancy-index
+        self.copies_row_by_row = any(isinstance(k, Variable) for k in self.kinds)
 
     @classmethod
     def of(cls, batches: list[pa.RecordBatch], kinds: list[Kind]) -> MappedColumns | None:
@@ -160,11 +157,11 @@ def _locate(array: pa.Array, kind: Kind, places: _Located) -> bool:
         except pa.ArrowInvalid:
             return False
         _, offsets, data = array.buffers()
-        start = offsets.address + array.offset * np.dtype(kind.offset_type).itemsize
+        start = offsets.address + array.offset * kind.offset_size
         places.starts.append(start)
         places.data_starts.append(data.address if data is not None else 0)
         if len(array):
-            places.regions.append((start, start + (len(array) + 1) * np.dtype(kind.offset_type).itemsize))
+            places.regions.append((start, start + (len(array) + 1) * kind.offset_size))
             if data is not None and data.size:
                 places.regions.append((data.address, data.address + data.size))
         return True
@@ -194,9 +191,10 @@ class Part:
     rows: np.ndarray
 
 
-def gather(schema: pa.Schema, kinds: list[Kind], parts: list[Part], length: int) -> pa.Table:
-    """The answer of `length` rows, each copied from the part that holds it."""
-    leaves = iter(_gather_leaves(_leaf_kinds(kinds), parts))
+def gather(schema: pa.Schema, parts: list[Part], length: int) -> pa.Table:
+    """The answer of `length` rows, each copied from the part that holds it (all parts of one selection)."""
+    kinds = parts[0].mapped.column_kinds
+    leaves = iter(_gather_leaves(parts[0].mapped.kinds, parts))
     arrays = [_assemble(field.type, kind, leaves, length) for field, kind in zip(schema, kinds, strict=True)]
     return pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=schema)])
 

@@ -7,7 +7,7 @@ Two servers share one datasets root: one with the lane on (the default) and one 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -43,6 +43,22 @@ def inline_takes(http: httpx.Client) -> float:
     return metric(http.get("/metrics").text, INLINE_TAKES)
 
 
+def assert_lane_answers_alike(
+    ask: Callable[[httpx.Client], httpx.Response], lanes: tuple[httpx.Client, httpx.Client], headers: list[str]
+) -> None:
+    """The lane-off server's answer, then the lane-on server's twice (the first may map segments on the regular
+    route, the second is answered on the lane): equal bodies and `headers`."""
+    fast, slow = lanes
+    slow_answer = ask(slow)
+    assert slow_answer.status_code == 200, slow_answer.text
+    for _ in range(2):
+        fast_answer = ask(fast)
+        assert fast_answer.status_code == 200, fast_answer.text
+        assert fast_answer.content == slow_answer.content
+        for header in headers:
+            assert fast_answer.headers[header] == slow_answer.headers[header], header
+
+
 def test_quick_takes_equal_the_regular_route_byte_for_byte(
     lanes: tuple[httpx.Client, httpx.Client], datasets_root: Path
 ) -> None:
@@ -61,15 +77,9 @@ def test_quick_takes_equal_the_regular_route_byte_for_byte(
         {"indices": rng.integers(0, view.num_rows, 64).tolist(), "columns": ["observation.image", "index"]},
     ]
     before = inline_takes(fast)
+    headers = ["content-type", "content-length", "x-total-rows", "x-row-count"]
     for body in bodies:
-        slow_answer = slow.post(TAKE, json=body)
-        assert slow_answer.status_code == 200, slow_answer.text
-        for _ in range(2):  # the first may map segments (regular route); the second is answered on the lane
-            fast_answer = fast.post(TAKE, json=body)
-            assert fast_answer.status_code == 200, fast_answer.text
-            assert fast_answer.content == slow_answer.content
-            for header in ("content-type", "content-length", "x-total-rows", "x-row-count"):
-                assert fast_answer.headers[header] == slow_answer.headers[header], header
+        assert_lane_answers_alike(lambda http, body=body: http.post(TAKE, json=body), lanes, headers)
     assert inline_takes(fast) - before >= len(bodies)
     assert inline_takes(slow) == 0
 
@@ -147,15 +157,9 @@ def test_quick_slices_equal_the_regular_route_byte_for_byte(
         {"columns": "observation.image,timestamp", "stop": 50},
     ]
     before = metric(fast.get("/metrics").text, INLINE_SLICES)
+    headers = ["content-type", "content-length", "etag", "x-total-rows", "x-start", "x-stop"]
     for query in queries:
-        slow_answer = slow.get(ROWS, params=query)
-        assert slow_answer.status_code == 200, slow_answer.text
-        for _ in range(2):  # the first may map segments (regular route); the second is answered on the lane
-            fast_answer = fast.get(ROWS, params=query)
-            assert fast_answer.status_code == 200, fast_answer.text
-            assert fast_answer.content == slow_answer.content
-            for header in ("content-type", "content-length", "etag", "x-total-rows", "x-start", "x-stop"):
-                assert fast_answer.headers[header] == slow_answer.headers[header], header
+        assert_lane_answers_alike(lambda http, query=query: http.get(ROWS, params=query), lanes, headers)
     assert metric(fast.get("/metrics").text, INLINE_SLICES) - before >= len(queries)
     assert metric(slow.get("/metrics").text, INLINE_SLICES) == 0
 

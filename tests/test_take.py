@@ -157,12 +157,12 @@ def test_gather_copies_rows_of_every_kind_from_offset_arrays_in_request_order(co
         positions = np.flatnonzero(files == number)
         batch, row = np.divmod(stored[positions], 20)
         parts.append(Part(mapped[number], positions, batch, row))  # type: ignore[arg-type]
-    got = gather(schema, kinds, parts, len(files))
+    got = gather(schema, parts, len(files))
     tables = [pa.Table.from_batches(batches) for batches in segments]
     expected = pa.concat_tables([tables[f].slice(int(r), 1) for f, r in zip(files, stored, strict=True)])
     assert_tables_equal(got, expected)
     batch, row = np.divmod(stored, 20)  # every row from the second segment: one part, already in request order
-    alone = gather(schema, kinds, [Part(mapped[1], np.arange(len(stored)), batch, row)], len(stored))  # type: ignore[arg-type]
+    alone = gather(schema, [Part(mapped[1], np.arange(len(stored)), batch, row)], len(stored))  # type: ignore[arg-type]
     assert_tables_equal(alone, pa.concat_tables([tables[1].slice(int(r), 1) for r in stored]))
 
 

@@ -29,7 +29,6 @@ from app.api.problems import ProblemException
 from app.api.rows import MAX_ROW, SliceRequest, TakeRequest, columns_of, slice_response, take_ranges, take_response
 from app.auth import TokenCheck
 from app.errors import EpiserveError, WouldBlock
-from app.windows import DEFAULT_TOLERANCE_S
 
 _TAKE_SUFFIX = "/rows/take"
 _SLICE_SUFFIX = "/rows"
@@ -60,24 +59,26 @@ class FastLane:
 
     async def _take(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.take_route.matches(scope)
-        if match is not Match.FULL:
-            await self.app(scope, receive, send)
-            return
-        body, complete, receive = await _buffer_body(receive, self.state.settings.max_body_bytes)
-        response = self._quick_take(scope, child_scope["path_params"]["dataset_id"], body) if complete else None
-        if response is None:
-            await self.app(scope, receive, send)
-            return
-        scope.update(child_scope)  # the route, as the router would have set it (metrics label it by its path)
-        await response(scope, receive, send)
+        response = None
+        if match is Match.FULL:
+            body, complete, receive = await _buffer_body(receive, self.state.settings.max_body_bytes)
+            if complete:
+                response = self._quick_take(scope, child_scope["path_params"]["dataset_id"], body)
+        await self._answer(response, child_scope, scope, receive, send)
 
     async def _slice(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.slice_route.matches(scope)
         response = self._quick_slice(scope, child_scope["path_params"]["dataset_id"]) if match is Match.FULL else None
+        await self._answer(response, child_scope, scope, receive, send)
+
+    async def _answer(
+        self, response: Response | None, child_scope: Scope, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Send the lane's `response`, or pass the request on to the framework when there is none."""
         if response is None:
             await self.app(scope, receive, send)
             return
-        scope.update(child_scope)
+        scope.update(child_scope)  # the route, as the router would have set it (metrics label it by its path)
         await response(scope, receive, send)
 
     def _accepted(self, headers: Headers) -> bool:
@@ -125,22 +126,14 @@ def _plain_slice(query: bytes) -> SliceRequest | None:
     values = dict(pairs)
     if len(values) != len(pairs) or not values.keys() <= _SLICE_PARAMETERS:
         return None
-    bounds = {}
+    given: dict[str, object] = {"episodes": values.get("episodes"), "columns": columns_of(values.get("columns"))}
     for name in ("start", "stop"):
         text = values.get(name)
         if text is not None:
             if not (text.isascii() and text.isdigit()) or int(text) > MAX_ROW:
                 return None
-            bounds[name] = int(text)
-    return SliceRequest.model_construct(
-        episodes=values.get("episodes"),
-        start=bounds.get("start", 0),
-        stop=bounds.get("stop"),
-        columns=columns_of(values.get("columns")),
-        delta_timestamps=None,
-        tolerance_s=DEFAULT_TOLERANCE_S,
-        compression=None,
-    )
+            given[name] = int(text)
+    return SliceRequest.model_construct(**given)  # every other field at its default
 
 
 async def _buffer_body(receive: Receive, limit: int) -> tuple[bytes, bool, Receive]:

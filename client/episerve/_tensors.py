@@ -109,9 +109,9 @@ def _array(array: pa.Array, owner: _Owner | None, decode_images: bool) -> np.nda
         return decode_image_column(blobs) if decode_images else blobs
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return _variable_list(array, owner, decode_images)
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_binary(kind):
         return _objects(array)
-    if pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+    if pa.types.is_fixed_size_binary(kind):
         return _objects(array)
     if pa.types.is_dictionary(kind):
         return _array(array.dictionary_decode(), owner, decode_images)

@@ -129,9 +129,7 @@ def test_without_torch_samples_are_numpy_arrays(url: str) -> None:
         "assert isinstance(stacked['action'], np.ndarray) and stacked['action'].shape == (2, 6)\n"
         "print(int(sample['index']))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "2"
+    assert run_fresh(code) == "2"
 
 
 def test_reading_every_column_kind_leaves_pandas_unimported(url: str) -> None:
@@ -147,9 +145,14 @@ def test_reading_every_column_kind_leaves_pandas_unimported(url: str) -> None:
         "assert isinstance(batch['observation.image'][0], bytes) and isinstance(first['observation.image'][0], bytes)\n"
         "print('pandas' in sys.modules)"
     )
+    assert run_fresh(code) == "False"
+
+
+def run_fresh(code: str) -> str:
+    """What `code` prints in a fresh interpreter (which must exit cleanly)."""
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    return result.stdout.strip()
 
 
 @pytest.mark.parametrize("output", ["numpy", "torch"])
