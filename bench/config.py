@@ -26,6 +26,7 @@ class Scale:
     image: DatasetSize
     p1_rows: dict[str, int]  # contiguous range length per dataset
     p1_repeats: int
+    rounds: int  # P2 and P3: every cell is measured this many times, peers interleaved; the table shows medians
     p2_seconds: float  # measuring time per (peer, concurrency) cell
     p2_batch: int
     p3_samples: dict[str, int]  # samples drawn per loader and dataset
@@ -41,6 +42,7 @@ FULL = Scale(
     image=DatasetSize("image", episodes=300, min_length=206, max_length=600, image_side=64, seed=2),
     p1_rows={"vector": 100_000, "image": 20_000},
     p1_repeats=7,
+    rounds=3,
     p2_seconds=6.0,
     p2_batch=256,
     p3_samples={"vector": 100_000, "image": 50_000},
@@ -56,6 +58,7 @@ QUICK = Scale(
     image=DatasetSize("image", episodes=50, min_length=206, max_length=600, image_side=64, seed=2),
     p1_rows={"vector": 100_000, "image": 10_000},
     p1_repeats=5,
+    rounds=1,
     p2_seconds=2.5,
     p2_batch=256,
     p3_samples={"vector": 30_000, "image": 10_000},

@@ -5,19 +5,22 @@ EpisodeIterableDataset` (shuffled chunks, batched in the dataset), HF `datasets`
 `__getitems__` plus the default collate), and the local mmap ceiling (one batch-grouped take per batch, handed
 to the main process as one block like episerve's batches; for reference also with torch's default
 per-tensor hand-off). The clock starts once the first batch has arrived (worker start-up excluded) and stops at
-the last one.
+the last one. Every loader runs `Scale.rounds` times, interleaved; the table shows medians and, in the target
+rows' notes, the range of the per-round ratios.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from bench.context import Context
 from bench.peers import hf
 from bench.peers.mmap_loader import MmapBatchDataset, identity
 from bench.report import Row
+from bench.timing import Figures, in_rounds, medians, ratio_spread
 
 WORKERS = 2
 
@@ -34,6 +37,10 @@ def samples_per_second(loader: Iterable[Any], samples: int, batch: int) -> float
     elapsed = time.perf_counter() - started
     del iterator  # shuts the workers down
     return seen / elapsed
+
+
+def _speed(loader: Iterable[Any], *, samples: int, batch: int) -> Figures:
+    return {"samples_per_s": samples_per_second(loader, samples, batch)}
 
 
 def _batch_len(item: Any, default: int) -> int:
@@ -67,69 +74,40 @@ def _loaders(ctx: Context, name: str) -> dict[str, Iterable[Any]]:
     }
 
 
+LOADERS = {"EpisodeDataset": "episerve", "EpisodeIterableDataset": "episerve iterable"}
+# (peer label, loader key, target factor or None for an info row, which of our loaders it is compared with)
+COMPARISONS = [
+    ("HF datasets (torch format)", "hf", 1.5, tuple(LOADERS)),
+    ("local mmap batched ceiling", "mmap", 0.8, tuple(LOADERS)),
+    ("local mmap, torch's per-tensor hand-off", "mmap per tensor", None, ("EpisodeDataset",)),
+]
+
+
 def run(ctx: Context) -> list[Row]:
     rows: list[Row] = []
     batch = ctx.scale.p3_batch
     for name in ("vector", "image"):
         samples = min(ctx.scale.p3_samples[name], ctx.datasets[name].rows - 2 * batch)
-        speeds = {kind: samples_per_second(loader, samples, batch) for kind, loader in _loaders(ctx, name).items()}
+        loaders = _loaders(ctx, name)
+        by_loader = in_rounds(partial(_speed, samples=samples, batch=batch), list(loaders.values()), ctx.scale.rounds)
+        rounds = {kind: by_loader[loader] for kind, loader in loaders.items()}
+        speed = {kind: medians(measured)["samples_per_s"] for kind, measured in rounds.items()}
         case = f"{name}, {samples:,} samples"
-        ours, it = speeds["episerve"], speeds["episerve iterable"]
-        rows += [
-            Row(
-                "P3",
-                case,
-                "samples/s",
-                ours,
-                "HF datasets (torch format)",
-                speeds["hf"],
-                "≥ 1.5x",
-                ours >= 1.5 * speeds["hf"],
-                "EpisodeDataset",
-            ),
-            Row(
-                "P3",
-                case,
-                "samples/s",
-                ours,
-                "local mmap batched ceiling",
-                speeds["mmap"],
-                "≥ 0.8x",
-                ours >= 0.8 * speeds["mmap"],
-                "EpisodeDataset",
-            ),
-            Row(
-                "P3",
-                case,
-                "samples/s",
-                it,
-                "HF datasets (torch format)",
-                speeds["hf"],
-                "≥ 1.5x",
-                it >= 1.5 * speeds["hf"],
-                "EpisodeIterableDataset",
-            ),
-            Row(
-                "P3",
-                case,
-                "samples/s",
-                it,
-                "local mmap batched ceiling",
-                speeds["mmap"],
-                "≥ 0.8x",
-                it >= 0.8 * speeds["mmap"],
-                "EpisodeIterableDataset",
-            ),
-            Row(
-                "P3",
-                case,
-                "samples/s",
-                ours,
-                "local mmap, torch's per-tensor hand-off",
-                speeds["mmap per tensor"],
-                "info",
-                None,
-                "EpisodeDataset",
-            ),
-        ]
+        for peer, peer_kind, factor, ours_compared in COMPARISONS:
+            for label in ours_compared:
+                ours = LOADERS[label]
+                spread = ratio_spread(rounds[ours], rounds[peer_kind], "samples_per_s") if factor else ""
+                rows.append(
+                    Row(
+                        "P3",
+                        case,
+                        "samples/s",
+                        speed[ours],
+                        peer,
+                        speed[peer_kind],
+                        f"≥ {factor}x" if factor else "info",
+                        speed[ours] >= factor * speed[peer_kind] if factor else None,
+                        "; ".join(filter(None, [label, spread])),
+                    )
+                )
     return rows
