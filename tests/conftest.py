@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from app.demo import write_demo_dataset
-from tests.support import ServerProcess, write_generic_dataset, write_plain_dataset
+from tests.support import ServerProcess, write_generic_dataset, write_nullable_dataset, write_plain_dataset
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +19,7 @@ def datasets_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_demo_dataset(root / "lerobot" / "demo-v21", format="v2.1", episodes=30, seed=2)
     write_generic_dataset(root / "generic")
     write_plain_dataset(root / "plain")
+    write_nullable_dataset(root / "nullable")
     return root
 
 

@@ -165,6 +165,19 @@ def write_generic_dataset(path: Path) -> Path:
     return path
 
 
+def write_nullable_dataset(path: Path) -> Path:
+    """One parquet file whose fixed-size-list column `pose` has null lists (every third row)."""
+    path.mkdir(parents=True)
+    rows = 12
+    values = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    pose = pa.array([None if i % 3 == 1 else values[i].tolist() for i in range(rows)], pa.list_(pa.float32(), 3))
+    table = pa.table(
+        {"episode_index": pa.array(np.arange(rows) // 4, pa.int64()), "pose": pose, "step": np.arange(rows)}
+    )
+    pq.write_table(table, path / "part-0.parquet", row_group_size=5)
+    return path
+
+
 def write_plain_dataset(path: Path) -> Path:
     """Parquet files with no episode column: one big episode."""
     path.mkdir(parents=True)

@@ -12,7 +12,7 @@ from tests.support import oracle
 
 def test_catalog_lists_every_layout(http: httpx.Client) -> None:
     listing = {d["id"]: d for d in http.get("/datasets").json()["datasets"]}
-    assert set(listing) == {"lerobot/demo-v3", "lerobot/demo-v21", "generic", "plain"}
+    assert set(listing) == {"lerobot/demo-v3", "lerobot/demo-v21", "generic", "plain", "nullable"}
     assert listing["lerobot/demo-v3"]["format"] == "lerobot-v3.0"
     assert listing["lerobot/demo-v21"]["format"] == "lerobot-v2.1"
     assert listing["generic"]["format"] == "parquet"
@@ -48,5 +48,5 @@ def test_generic_episode_lengths_count_rows_across_files(http: httpx.Client, dat
 
 def test_health_and_readiness(http: httpx.Client) -> None:
     assert http.get("/healthz").json() == {"status": "ok"}
-    assert http.get("/readyz").json() == {"status": "ready", "datasets": 4}
+    assert http.get("/readyz").json() == {"status": "ready", "datasets": 5}
     assert "/datasets/{dataset_id}/rows" in http.get("/openapi.json").json()["paths"]

@@ -117,6 +117,29 @@ def test_nested_fixed_size_lists_become_windows_of_vectors() -> None:
     assert columns["task"] == ["a", "b"]
 
 
+def test_fixed_size_lists_of_a_sliced_array_keep_their_rows() -> None:
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.int32)), 3).slice(1, 2)
+    columns = table_columns(pa.table({"v": vectors}))
+    np.testing.assert_array_equal(columns["v"], [[3, 4, 5], [6, 7, 8]])
+
+
+def test_null_fixed_size_lists_arrive_as_none_next_to_their_neighbours_values(url: str, datasets_root: Path) -> None:
+    view = oracle(datasets_root / "nullable", None)
+    dataset = episerve.EpisodeDataset(url, "nullable", output="numpy")
+    order = [10, 1, 0, 4, 7, 11]
+    samples = dataset.__getitems__(order)
+    batch = episerve.collate(samples)
+    expected = view["pose"].to_pylist()
+    for row, position in enumerate(order):
+        got = batch["pose"][row]
+        if expected[position] is None:
+            assert got is None
+        else:
+            np.testing.assert_array_equal(got, np.asarray(expected[position], dtype=np.float32))
+    assert batch["step"].tolist() == view["step"].to_numpy()[order].tolist()
+    assert [sample["pose"] is None for sample in samples] == [expected[p] is None for p in order]
+
+
 def test_without_torch_samples_are_numpy_arrays(url: str) -> None:
     code = (
         "import sys\nsys.modules['torch'] = None\nimport numpy as np, episerve\n"
