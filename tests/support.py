@@ -166,13 +166,22 @@ def write_generic_dataset(path: Path) -> Path:
 
 
 def write_nullable_dataset(path: Path) -> Path:
-    """One parquet file whose fixed-size-list column `pose` has null lists (every third row)."""
+    """One parquet file whose columns have nulls: `pose` (fixed-size lists) null every third row, `reading`,
+    `count` and `flag` (float, integer, boolean) every fourth."""
     path.mkdir(parents=True)
     rows = 12
     values = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
     pose = pa.array([None if i % 3 == 1 else values[i].tolist() for i in range(rows)], pa.list_(pa.float32(), 3))
+    every_fourth = np.arange(rows) % 4 == 2
     table = pa.table(
-        {"episode_index": pa.array(np.arange(rows) // 4, pa.int64()), "pose": pose, "step": np.arange(rows)}
+        {
+            "episode_index": pa.array(np.arange(rows) // 4, pa.int64()),
+            "pose": pose,
+            "reading": pa.array(np.arange(rows) / 2, pa.float64(), mask=every_fourth),
+            "count": pa.array(np.arange(rows) * 3, pa.int32(), mask=every_fourth),
+            "flag": pa.array(np.arange(rows) % 3 == 0, pa.bool_(), mask=every_fourth),
+            "step": np.arange(rows),
+        }
     )
     pq.write_table(table, path / "part-0.parquet", row_group_size=5)
     return path

@@ -100,10 +100,15 @@ def _array(array: pa.Array, owner: _Owner | None, decode_images: bool) -> np.nda
     kind = array.type
     if pa.types.is_fixed_size_list(kind):
         return _fixed_size_list(array, owner, decode_images)
-    if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and array.null_count == 0:
-        return _numeric_view(array, owner)
-    if pa.types.is_boolean(kind) and array.null_count == 0:
-        return booleans(array)  # bit-packed in Arrow: one unavoidable unpacking copy
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return _numeric_view(array, owner) if array.null_count == 0 else _numeric_with_nan(array)
+    if pa.types.is_boolean(kind):
+        flags = booleans(array)  # bit-packed in Arrow: one unavoidable unpacking copy
+        if array.null_count == 0:
+            return flags
+        out = flags.astype(object)
+        out[nulls(array)] = None
+        return out
     if is_image(kind):
         blobs = _objects(_image_bytes(array))
         return decode_image_column(blobs) if decode_images else blobs
@@ -143,6 +148,15 @@ def _numeric_view(array: pa.Array, owner: _Owner | None) -> np.ndarray:
             return viewed
     view = fixed_width(array, dtype)
     return view if view.flags.writeable else view.copy()
+
+
+def _numeric_with_nan(array: pa.Array) -> np.ndarray:
+    """Numbers with nulls as pyarrow's `to_numpy()` gives them, without its pandas import: NaN at the nulls,
+    integers widened to float64."""
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    values = fixed_width(array, dtype).astype(dtype if dtype.kind == "f" else np.float64)
+    values[nulls(array)] = np.nan
+    return values
 
 
 def _fixed_size_list(array: pa.FixedSizeListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:

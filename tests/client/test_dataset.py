@@ -140,6 +140,19 @@ def test_null_fixed_size_lists_arrive_as_none_next_to_their_neighbours_values(ur
     assert [sample["pose"] is None for sample in samples] == [expected[p] is None for p in order]
 
 
+def test_null_numbers_and_flags_read_as_pyarrow_gives_them(url: str, datasets_root: Path) -> None:
+    view = oracle(datasets_root / "nullable", None)
+    order = [2, 0, 6, 11, 10]
+    columns = episerve.Client(url).take("nullable", order, columns=["reading", "count", "flag"])
+    converted = table_columns(columns)
+    for name in ("reading", "count", "flag"):
+        expected = view[name].take(order).to_numpy(zero_copy_only=False)
+        assert converted[name].dtype == expected.dtype, name
+        np.testing.assert_array_equal(converted[name], expected)
+    assert converted["count"].dtype == np.float64 and np.isnan(converted["count"][0])
+    assert converted["flag"].tolist() == [None, True, None, False, None]
+
+
 def test_without_torch_samples_are_numpy_arrays(url: str) -> None:
     code = (
         "import sys\nsys.modules['torch'] = None\nimport numpy as np, episerve\n"
@@ -166,6 +179,8 @@ def test_reading_every_column_kind_leaves_pandas_unimported(url: str) -> None:
         "first = next(iter(stream))\n"
         "assert batch['observation.state_is_pad'][0].tolist() == [True, False], batch\n"
         "assert isinstance(batch['observation.image'][0], bytes) and isinstance(first['observation.image'][0], bytes)\n"
+        f"nullable = episerve.EpisodeDataset({url!r}, 'nullable').__getitems__([1, 2, 3]).data\n"
+        "assert nullable['pose'][0] is None and nullable['flag'][1] is None, nullable\n"
         "print('pandas' in sys.modules)"
     )
     assert run_fresh(code) == "False"
