@@ -194,12 +194,12 @@ class Part:
 def gather(schema: pa.Schema, parts: list[Part], length: int) -> pa.Table:
     """The answer of `length` rows, each copied from the part that holds it (all parts of one selection)."""
     kinds = parts[0].mapped.column_kinds
-    leaves = iter(_gather_leaves(parts[0].mapped.kinds, parts))
+    leaves = iter(_gather_leaves(parts))
     arrays = [_assemble(field.type, kind, leaves, length) for field, kind in zip(schema, kinds, strict=True)]
     return pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=schema)])
 
 
-def _gather_leaves(leaf_kinds: list[Fixed | Variable], parts: list[Part]) -> list[list[pa.Buffer | None]]:
+def _gather_leaves(parts: list[Part]) -> list[list[pa.Buffer | None]]:
     """Each leaf's buffers: the addresses of every row and leaf, in request order, then one gather per leaf."""
     low = min(p.mapped.low for p in parts)
     memory = _memory(low, max(p.mapped.high for p in parts), [p.mapped.batches for p in parts])
@@ -218,7 +218,7 @@ def _gather_leaves(leaf_kinds: list[Fixed | Variable], parts: list[Part]) -> lis
         rows, starts, data_starts = rows[order], starts[order], data_starts[order]
     addresses = starts + rows[:, None] * parts[0].mapped.widths  # fixed-width leaves: where each value starts
     columns: list[list[pa.Buffer | None]] = []
-    for n, kind in enumerate(leaf_kinds):
+    for n, kind in enumerate(parts[0].mapped.kinds):
         if isinstance(kind, Variable):
             columns.append(_copy_variable(memory, starts[:, n] + rows * kind.offset_size, data_starts[:, n], kind))
             continue

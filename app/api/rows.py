@@ -8,7 +8,8 @@ encoded at once, large ones stream from the memory-mapped segments one batch at 
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -233,12 +234,16 @@ async def take_rows(
 
 def take_route() -> APIRoute:
     """The route of `POST /rows/take` (the fast lane answers its quick requests ahead of it)."""
-    return next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is take_rows)
+    return _route_of(take_rows)
 
 
 def slice_route() -> APIRoute:
     """The route of `GET /rows` (the fast lane answers its quick requests ahead of it)."""
-    return next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is read_rows)
+    return _route_of(read_rows)
+
+
+def _route_of(endpoint: Callable[..., Any]) -> APIRoute:
+    return next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is endpoint)
 
 
 def take_ranges(body: TakeRequest, settings: Settings) -> EpisodeRanges | None:

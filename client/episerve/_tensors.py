@@ -161,32 +161,27 @@ def _numeric_with_nan(array: pa.Array) -> np.ndarray:
 
 def _fixed_size_list(array: pa.FixedSizeListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
     size = array.type.list_size
-    values = _array(_list_slots(array), owner, decode_images)
+    # the child's slots of these lists, null lists' included (`flatten()` is a compute call of ~20 µs and drops
+    # the slots of null lists)
+    values = _array(array.values.slice(array.offset * size, len(array) * size), owner, decode_images)
     if values.dtype != object and not array.null_count:
         return values.reshape(len(array), size, *values.shape[1:])
-    out = np.empty(len(array), dtype=object)
-    for row in range(len(array)):
-        piece = values[row * size : (row + 1) * size]
-        out[row] = piece if values.dtype != object else list(piece)
-    if array.null_count:
-        out[nulls(array)] = None
-    return out
-
-
-def _list_slots(array: pa.FixedSizeListArray) -> pa.Array:
-    """Every list's `list_size` slots, null lists' included: a zero-copy slice of the child (`flatten()` is a
-    compute call of ~20 µs, and it drops the slots of null lists)."""
-    size = array.type.list_size
-    return array.values.slice(array.offset * size, len(array) * size)
+    return _list_rows(array, values, np.arange(len(array) + 1) * size)
 
 
 def _variable_list(array: pa.ListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
-    values = _array(array.flatten(), owner, decode_images)
     bounds = offsets(array).astype(np.int64)
-    bounds -= bounds[0]
-    pieces = np.split(values, bounds[1:-1]) if len(array) else []
+    first = int(bounds[0])
+    bounds -= first
+    values = _array(array.values.slice(first, int(bounds[-1])), owner, decode_images)  # every list's range
+    return _list_rows(array, values, bounds)
+
+
+def _list_rows(array: pa.Array, values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """One object per list of `array`: its `values[bounds[i]:bounds[i + 1]]` (a list for Python objects), or
+    None for a null list."""
     out = np.empty(len(array), dtype=object)
-    for row, piece in enumerate(pieces):
+    for row, piece in enumerate(np.split(values, bounds[1:-1]) if len(array) else []):
         out[row] = piece if values.dtype != object else list(piece)
     if array.null_count:
         out[nulls(array)] = None

@@ -123,6 +123,16 @@ def test_fixed_size_lists_of_a_sliced_array_keep_their_rows() -> None:
     np.testing.assert_array_equal(columns["v"], [[3, 4, 5], [6, 7, 8]])
 
 
+def test_variable_lists_keep_their_rows_when_a_null_list_spans_values() -> None:
+    # Arrow lets a null list's offsets span values; they belong to no row, and the rows after it stay aligned
+    lists = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4, 5], pa.int32()), pa.array([1.0, 2.0, 3.0, 4.0, 5.0]), mask=pa.array([False, True, False])
+    )
+    for array, expected in ((lists, [[1.0, 2.0], None, [5.0]]), (lists.slice(1), [None, [5.0]])):
+        rows = table_columns(pa.table({"v": array}))["v"]
+        assert [None if row is None else row.tolist() for row in rows] == expected
+
+
 def test_null_fixed_size_lists_arrive_as_none_next_to_their_neighbours_values(url: str, datasets_root: Path) -> None:
     view = oracle(datasets_root / "nullable", None)
     dataset = episerve.EpisodeDataset(url, "nullable", output="numpy")
