@@ -22,7 +22,8 @@ from episerve._errors import (
     Unavailable,
 )
 from episerve._retry import Retries
-from episerve._shared import TensorBatch
+from episerve._selection import Pages, Selection
+from episerve._tensor_batch import TensorBatch
 
 if TYPE_CHECKING:
     from episerve._dataset import EpisodeDataset
@@ -37,7 +38,9 @@ __all__ = [
     "EpisodeIterableDataset",
     "InvalidRequest",
     "NotFound",
+    "Pages",
     "Retries",
+    "Selection",
     "ServerError",
     "TensorBatch",
     "TooLarge",
@@ -47,6 +50,18 @@ __all__ = [
     "collate",
 ]
 
+
+def _public(value: Any) -> Any:
+    """Name `value` as part of the `episerve` package (so errors print as `episerve.NotFound`)."""
+    if isinstance(value, type):
+        value.__module__ = "episerve"
+    return value
+
+
+for _name in __all__:
+    if _name in globals():
+        _public(globals()[_name])
+
 _LAZY = {"EpisodeDataset": "episerve._dataset", "EpisodeIterableDataset": "episerve._iterable"}
 
 
@@ -55,7 +70,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = _public(getattr(importlib.import_module(_LAZY[name]), name))
         globals()[name] = value
         return value
     raise AttributeError(f"module 'episerve' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from episerve._tensors import _torch
+from episerve._output_torch import torch_module
 
 
 class Batch(Sequence[dict[str, Any]]):
@@ -53,7 +53,7 @@ def collate(batch: Any) -> Any:
 
 
 def _stack(values: list[Any]) -> Any:
-    torch = _torch()
+    torch = torch_module()
     if torch is not None and all(isinstance(v, torch.Tensor) for v in values):
         if len({v.shape for v in values}) == 1:
             return torch.stack(values)

@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 
 from episerve._batch import Batch
-from episerve._client import Client, DeltaTimestamps
+from episerve._client import Client
+from episerve._columns import table_columns
 from episerve._episodes import Episodes
+from episerve._outputs import Output, resolve_output, to_output
 from episerve._retry import Retries
-from episerve._selection import Selection
-from episerve._tensors import Output, resolve_output, table_columns, to_output
+from episerve._selection import DeltaTimestamps, Selection
 
 try:
     from torch.utils.data import Dataset as _Base
@@ -57,7 +58,7 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         self.transform = transform
         self.decode_images = decode_images
         self.output = resolve_output(output)
-        self._length = self.selection.num_rows(self.client)
+        self._length = self.client.count(self.selection)
 
     def __len__(self) -> int:
         return self._length
@@ -83,6 +84,6 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         if len(positions) and (positions.min() < 0 or positions.max() >= self._length):
             bad = np.asarray(indices).reshape(-1)[(positions < 0) | (positions >= self._length)]
             raise IndexError(f"index {bad[0]} out of range for a view of {self._length} rows")
-        pages = self.selection.take(self.client, positions)
+        pages = self.client.read_take(self.selection, positions)
         columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images)
         return Batch(to_output(columns, self.output), len(positions))

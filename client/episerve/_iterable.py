@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 from episerve._blobs import DeferredBlobs
-from episerve._client import Client, DeltaTimestamps
+from episerve._client import Client
+from episerve._columns import Column, Columns, table_columns
 from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
+from episerve._outputs import Output, resolve_output, to_output
 from episerve._retry import Retries
-from episerve._selection import Selection
+from episerve._selection import DeltaTimestamps, Selection
 from episerve._sharding import EpochPlan, delivered_per_worker
-from episerve._tensors import Column, Columns, Output, resolve_output, table_columns, to_output
 
 try:
     import torch.distributed as _distributed
@@ -93,10 +94,16 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         self.decode_images = decode_images
         self.transform = transform
         self.output = resolve_output(output)
-        self.total_rows = self.selection.num_rows(self.client)
+        self.total_rows = self.client.count(self.selection)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None
         self._progress: int | None = None  # rows delivered this epoch, when iterated in this process
+
+    def __repr__(self) -> str:
+        view = f"{self.selection.dataset_id!r}, episodes={self.selection.episodes!r}"
+        shape = f"chunk_rows={self.chunk_rows}, batch_size={self.batch_size}, shuffle={self.shuffle}"
+        shard = f"rank={self.rank}/{self.world_size}"
+        return f"EpisodeIterableDataset({self.client.url!r}, {view}, rows={self.total_rows}, {shape}, {shard})"
 
     @property
     def epoch(self) -> int:
@@ -180,7 +187,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         """A chunk's columns in delivery order, without its first `skip` rows."""
         start, stop = plan.chunk_span(chunk)
         order = plan.row_order(chunk)
-        pages = self.selection.read(self.client, start, stop)
+        pages = self.client.read_slice(self.selection, start, stop)
         if pages.total_rows != self.total_rows:
             raise EpiserveError(
                 f"the view of {self.selection.dataset_id!r} changed from {self.total_rows} to {pages.total_rows} rows "

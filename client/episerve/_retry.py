@@ -18,18 +18,23 @@ class Retries:
     since the first try. Between tries the client sleeps `backoff * 2**n` seconds (capped at `max_backoff`), with
     jitter, or what the server's `Retry-After` asks for when that fits in the deadline.
     Connection errors and 429/502/503/504 are retried; every other error is raised at once.
+
+    Until the server has answered a client once, refused or failed connections are retried for
+    `first_contact_deadline` seconds only: a wrong URL or a server that is not running fails fast, while a server
+    that was up and went away (a restart during training) gets the whole `deadline`.
     """
 
     attempts: int = 10
     backoff: float = 0.2
     max_backoff: float = 5.0
     deadline: float = 60.0
+    first_contact_deadline: float = 3.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError("attempts must be at least 1")
-        if self.backoff < 0 or self.max_backoff < 0 or self.deadline < 0:
-            raise ValueError("backoff, max_backoff and deadline must be non-negative")
+        if min(self.backoff, self.max_backoff, self.deadline, self.first_contact_deadline) < 0:
+            raise ValueError("backoff, max_backoff and the deadlines must be non-negative")
 
     def delay(self, retry: int, retry_after: float | None = None) -> float:
         """Seconds to sleep before retry number `retry` (0-based)."""
@@ -53,15 +58,22 @@ class RetryBudget:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def next_wait(self, retry_after: float | None = None) -> float | None:
-        """Seconds to wait before the next attempt, or None when the budget is spent (the caller then raises)."""
+    def next_wait(self, retry_after: float | None = None, *, deadline: float | None = None) -> float | None:
+        """Seconds to wait before the next attempt, or None when the budget is spent (the caller then raises).
+
+        `deadline` shortens the policy's deadline for this decision (never lengthens it).
+        """
         self.attempt += 1
         if self.attempt >= self.policy.attempts:
             return None
         wait = self.policy.delay(self.attempt - 1, retry_after)
-        if self.elapsed + wait > self.policy.deadline:
+        if self.elapsed + wait > self.deadline(deadline):
             return None
         return wait
+
+    def deadline(self, shorter: float | None = None) -> float:
+        """The deadline in force: the policy's, or `shorter` when that is less."""
+        return self.policy.deadline if shorter is None else min(shorter, self.policy.deadline)
 
 
 def parse_retry_after(value: str | None) -> float | None:

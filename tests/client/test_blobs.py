@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from episerve._blobs import DeferredBlobs
-from episerve._tensors import table_columns
+from episerve._columns import table_columns
 
 
 def _chunks() -> list[pa.Array]:

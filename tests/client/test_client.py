@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,28 +96,28 @@ def test_token_is_sent_as_bearer_and_defaults_from_the_environment(
         assert client.take(DEMO, [1, 0], columns=["index"])["index"].to_pylist() == [1, 0]
 
 
-def _use_inherited_client(client: episerve.Client, parent_ids: tuple[int, int], queue: multiprocessing.Queue) -> None:
+def _use_inherited_client(client: episerve.Client, parent_ids: tuple[int, ...], queue: multiprocessing.Queue) -> None:
     rows = client.rows(DEMO, start=0, stop=5, columns=["index"])["index"].to_pylist()
     client.datasets()
-    queue.put((rows, id(client._http) not in parent_ids and id(client._sockets) not in parent_ids))
+    queue.put((rows, id(client._transport) not in parent_ids))
 
 
 def test_forked_child_opens_its_own_connection_and_parent_keeps_working(url: str) -> None:
     client = episerve.Client(url)
     assert client.rows(DEMO, stop=3, columns=["index"]).num_rows == 3  # the parent's socket connection is open
-    assert client.datasets()  # and its httpx one
-    parent_http, parent_sockets = client._http, client._sockets
-    assert parent_http is not None and parent_sockets is not None
+    assert client.datasets()
+    parent_transport = client._transport
+    assert parent_transport is not None
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    child = context.Process(target=_use_inherited_client, args=(client, (id(parent_http), id(parent_sockets)), queue))
+    child = context.Process(target=_use_inherited_client, args=(client, (id(parent_transport),), queue))
     child.start()
     rows, fresh = queue.get(timeout=30)
     child.join(timeout=10)
     assert child.exitcode == 0
     assert rows == [0, 1, 2, 3, 4]
     assert fresh, "the child reused the parent's connections"
-    assert client._http is parent_http and client._sockets is parent_sockets
+    assert client._transport is parent_transport
     assert client.take(DEMO, [4, 2], columns=["index"])["index"].to_pylist() == [4, 2]
     client.close()
 
@@ -127,14 +128,14 @@ def test_client_pickles_without_its_connections(url: str) -> None:
     client = episerve.Client(url, token="t", retries=3)
     client.datasets()
     copy = pickle.loads(pickle.dumps(client))
-    assert copy._http is None and copy._sockets is None and copy.token == "t" and copy.retries.attempts == 3
+    assert copy._transport is None and copy.token == "t" and copy.retries.attempts == 3
     assert copy.datasets() == client.datasets()
 
 
-def test_client_distribution_depends_on_httpx_pyarrow_numpy_only() -> None:
+def test_client_distribution_depends_on_httpx_httptools_pyarrow_numpy_only() -> None:
     project = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
-    assert names == {"httpx", "pyarrow", "numpy"}
+    assert names == {"httpx", "httptools", "pyarrow", "numpy"}
     assert set(project["optional-dependencies"]) >= {"torch", "images"}
     assert project["name"] == "episerve"
 
@@ -170,3 +171,38 @@ def test_compressed_bodies_give_the_same_rows(url: str, demo_view: pa.Table, cod
 def test_unknown_compression_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="compression"):
         episerve.Client("http://127.0.0.1:1", compression="gzip")
+
+
+def test_warm_builds_the_cache_that_cache_status_reports(tmp_path: Path) -> None:
+    from app.demo import write_demo_dataset
+
+    write_demo_dataset(tmp_path / "data" / "small", format="v2.1", episodes=6, seed=3)
+    with ServerProcess([tmp_path / "data"], tmp_path / "cache") as server, episerve.Client(server.url) as client:
+        cold = client.cache_status("small")
+        assert (cold["dataset"], cold["segments_built"], cold["segments_total"]) == ("small", 0, 6)
+        started = client.warm("small", episodes=[4, 1])
+        assert started["warming"]["segments_total"] == 2
+        deadline = time.monotonic() + 30
+        while (status := client.cache_status("small"))["warming"]["state"] == "running":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+        assert status["warming"]["state"] == "done" and status["segments_built"] == 2 and status["bytes"] > 0
+        client.warm("small")
+        while (status := client.cache_status("small"))["warming"]["state"] == "running":
+            time.sleep(0.05)
+        assert status["segments_built"] == 6
+
+
+def test_public_names_print_as_the_package_and_datasets_describe_themselves(url: str) -> None:
+    assert repr(episerve.NotFound) == "<class 'episerve.NotFound'>"
+    assert episerve.ConnectionFailed.__module__ == episerve.EpisodeDataset.__module__ == "episerve"
+    with pytest.raises(episerve.NotFound) as caught:
+        episerve.Client(url).info("no-such")
+    assert f"{type(caught.value).__module__}.{type(caught.value).__name__}" == "episerve.NotFound"
+    mapped = episerve.EpisodeDataset(url, DEMO, episodes="0-2", columns=["index"], output="numpy")
+    assert repr(mapped) == f"EpisodeDataset({url!r}, {DEMO!r}, episodes='0-2', rows={len(mapped)})"
+    streamed = episerve.EpisodeIterableDataset(url, DEMO, episodes=[2, 0, 1], chunk_rows=64, output="numpy")
+    assert repr(streamed) == (
+        f"EpisodeIterableDataset({url!r}, {DEMO!r}, episodes='0-2', rows={len(mapped)}, "
+        "chunk_rows=64, batch_size=None, shuffle=False, rank=0/1)"
+    )

@@ -18,7 +18,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
 import episerve
-from episerve._tensors import table_columns, to_output
+from episerve._columns import table_columns
+from episerve._outputs import to_output
 from tests.client.helpers import DEMO, assert_batch_equals_view, exactly_once, positions_by_index
 from tests.support import oracle
 
@@ -87,13 +88,15 @@ def test_dataset_pickles_without_connections(url: str) -> None:
     dataset = episerve.EpisodeDataset(url, DEMO, columns=["index"])
     dataset[0]
     copy = pickle.loads(pickle.dumps(dataset))
-    assert copy.client._http is None
+    assert copy.client._transport is None
     assert len(copy) == len(dataset) and int(copy[3]["index"]) == int(dataset[3]["index"])
 
 
 def test_fixed_size_lists_convert_zero_copy_to_numpy(url: str, demo_view: pa.Table) -> None:
     client = episerve.Client(url)
-    pages = client._take_rows(DEMO, [4, 1, 9], columns=["observation.state", "timestamp", "index"])
+    pages = client.read_take(
+        episerve.Selection.of(DEMO, columns=["observation.state", "timestamp", "index"]), [4, 1, 9]
+    )
     columns = to_output(table_columns(pages.table, buffers=pages.buffers), "numpy")
     state = columns["observation.state"]
     assert isinstance(state, np.ndarray) and state.shape == (3, 6) and state.dtype == np.float32

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import episerve
-from episerve._shared import INLINE_BLOCK_BYTES, TensorBatch
+from episerve._tensor_batch import INLINE_BLOCK_BYTES, TensorBatch
 from tests.client.helpers import DEMO, assert_batch_equals_view, exactly_once, positions_by_index
 
 

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 import episerve
-from episerve import _socket
+from episerve import _socket_transport
+from episerve._socket_transport import SocketTransport
 from tests.client.helpers import DEMO
 from tests.support import assert_tables_equal
 
@@ -29,8 +30,8 @@ def _stream(table: pa.Table) -> bytes:
 
 def _local_port(client: episerve.Client) -> int:
     """The local port of the client's one idle socket connection."""
-    assert client._sockets is not None
-    (connection,) = client._sockets._idle
+    assert isinstance(client._transport, SocketTransport)
+    (connection,) = client._transport._idle
     return connection.sock.getsockname()[1]
 
 
@@ -42,6 +43,7 @@ class _Stub(BaseHTTPRequestHandler):
     close_silently = False  # close the connection after each answer without `Connection: close`
     busy = 0  # answer this many requests with 503 and `Retry-After: 0.1` first
     seen: list[tuple[str, str | None, str | None]]  # (path, authorization, user-agent) of each request
+    servers: list[ThreadingHTTPServer]  # the servers answering with this handler, to stop at the end
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -78,14 +80,16 @@ class _Stub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub() -> Iterator[tuple[str, type[_Stub]]]:
-    handler = type("Stub", (_Stub,), {"seen": []})
+    handler = type("Stub", (_Stub,), {"seen": [], "servers": []})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
+    handler.servers.append(httpd)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
-    httpd.shutdown()
-    httpd.server_close()
+    for running in handler.servers:
+        running.shutdown()
+        running.server_close()
 
 
 def test_takes_reuse_one_socket_connection(url: str, demo_view: pa.Table) -> None:
@@ -96,20 +100,20 @@ def test_takes_reuse_one_socket_connection(url: str, demo_view: pa.Table) -> Non
             assert client.take(DEMO, [7, 3], columns=["index"])["index"].to_pylist() == [7, 3]
         assert client.rows(DEMO, start=2, stop=4, columns=["index"])["index"].to_pylist() == [2, 3]
         assert _local_port(client) == port
-        assert client._http is None, "the Arrow requests went through httpx"
+        assert isinstance(client._transport, SocketTransport), "the requests went through httpx"
     assert first["index"].to_pylist() == [5, 1, 5]
 
 
 def test_bodies_over_a_mebibyte_keep_the_connection(url: str, demo_view: pa.Table) -> None:
     with episerve.Client(url, timeout=3.0, retries=1) as client:
-        pages = client._read_pages(DEMO)
+        pages = client.read_slice(episerve.Selection.of(DEMO))
         assert sum(buffer.size for buffer in pages.buffers) > 1 << 20
         port = _local_port(client)
         assert_tables_equal(pages.table, demo_view)
         assert_tables_equal(client.rows(DEMO), demo_view)
         assert _local_port(client) == port
         # Large bodies are received with a raised low-water mark; the next, tiny answer must not wait for it.
-        (connection,) = client._sockets._idle  # type: ignore[union-attr]
+        (connection,) = client._transport._idle  # type: ignore[union-attr]
         if hasattr(socket, "SO_RCVLOWAT"):
             assert connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
         started = time.monotonic()
@@ -123,7 +127,7 @@ def test_a_connection_closed_by_the_server_while_idle_is_replaced(url: str, monk
         port = _local_port(client)
         time.sleep(6.0)  # past uvicorn's 5 s keep-alive timeout: the server has closed the connection
         # Skip the pre-send liveness check, so the request is sent on the dead socket and must be sent again.
-        monkeypatch.setattr(_socket.Connection, "idle_and_alive", lambda self: True)
+        monkeypatch.setattr(_socket_transport.Connection, "idle_and_alive", lambda self: True)
         assert client.take(DEMO, [2], columns=["index"])["index"].to_pylist() == [2]
         assert _local_port(client) != port
 
@@ -142,7 +146,7 @@ def test_silently_closed_connections_detected_only_by_sending_are_reopened(
 ) -> None:
     address, handler = stub
     handler.close_silently = True
-    monkeypatch.setattr(_socket.Connection, "idle_and_alive", lambda self: True)
+    monkeypatch.setattr(_socket_transport.Connection, "idle_and_alive", lambda self: True)
     with episerve.Client(address, retries=1) as client:
         for _ in range(5):
             time.sleep(0.05)  # let the server's close arrive
@@ -193,7 +197,7 @@ def test_errors_through_the_socket_transport_are_typed(url: str) -> None:
             client.take(DEMO, [0], columns=["index", "nope"])
         assert client.take(DEMO, [0], columns=["index"])["index"].to_pylist() == [0]
         assert _local_port(client) == port
-        assert client._http is None
+        assert isinstance(client._transport, SocketTransport)
 
 
 def test_unreachable_server_raises_connection_failed_naming_the_cause() -> None:
@@ -204,3 +208,52 @@ def test_unreachable_server_raises_connection_failed_naming_the_cause() -> None:
     with pytest.raises(episerve.ConnectionFailed, match="ConnectError") as caught:
         episerve.Client(address, retries=retries).take(DEMO, [0])
     assert caught.value.attempts == 3 and address in str(caught.value)
+
+
+def test_a_refused_first_contact_fails_fast_naming_the_url() -> None:
+    from tests.support import free_port
+
+    address = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(episerve.ConnectionFailed) as caught:
+        episerve.Client(address).datasets()  # the default policy: a 60 s deadline once the server has answered
+    assert time.monotonic() - started < episerve.Retries().first_contact_deadline + 2.0
+    assert address in str(caught.value) and "is it running?" in str(caught.value)
+    assert "ConnectError" in str(caught.value) and caught.value.attempts > 1
+
+
+def test_every_retry_is_logged_as_a_warning_with_its_reason_and_the_time_left(
+    stub: tuple[str, type[_Stub]], caplog: pytest.LogCaptureFixture
+) -> None:
+    address, handler = stub
+    handler.busy = 2
+    with caplog.at_level("WARNING", logger="episerve"), episerve.Client(address, retries=3) as client:
+        assert client.take("x", [1]).equals(TABLE)
+    retries = [record for record in caplog.records if record.name == "episerve"]
+    assert [record.levelname for record in retries] == ["WARNING", "WARNING"]
+    message = retries[0].getMessage()
+    assert f"POST {address}/datasets/x/rows/take failed (503 Unavailable: warming up)" in message
+    assert "retry 1 of 2 in 0.10 s" in message and "s left of the retry deadline" in message
+
+
+def test_a_server_that_answered_once_gets_the_whole_deadline_to_come_back(stub: tuple[str, type[_Stub]]) -> None:
+    address, handler = stub
+    retries = episerve.Retries(attempts=100, backoff=0.05, max_backoff=0.1, deadline=20, first_contact_deadline=0.2)
+    client = episerve.Client(address, retries=retries)
+    assert client.take("x", [1]).equals(TABLE)
+    port = int(address.rsplit(":", 1)[1])
+    servers = [httpd for httpd in handler.servers]
+    for httpd in servers:  # the server goes away ...
+        httpd.shutdown()
+        httpd.server_close()
+    client.close()
+
+    def come_back() -> None:  # ... and is back a second later, far past the first-contact deadline
+        time.sleep(1.0)
+        httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        handler.servers.append(httpd)
+        httpd.serve_forever()
+
+    threading.Thread(target=come_back, daemon=True).start()
+    assert client.take("x", [1]).equals(TABLE)
+    assert len(handler.seen) == 2

@@ -1,4 +1,4 @@
-"""Arrow tables to per-column numpy arrays, then to torch tensors, without a Python loop over rows.
+"""Arrow tables to per-column numpy arrays, without a Python loop over rows (the outputs take it from there).
 
 Numeric columns become views of the response buffer (the client owns it, so the views are writable and torch
 takes them without copying); fixed-size lists are the flattened values reshaped to `(rows, size, ...)`, so a
@@ -11,39 +11,16 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from episerve._blobs import DeferredBlobs, is_binary
 from episerve._numpy import booleans, fixed_width, nulls, offsets
-from episerve._shared import TensorBatch
 
-Output = Literal["torch", "numpy"]
 Column = np.ndarray | DeferredBlobs
 Columns = dict[str, Column]
-
-
-@cache
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
-def resolve_output(output: Output | None) -> Output:
-    """`torch` when torch is importable and nothing else was asked for, else `numpy`."""
-    if output is None:
-        return "torch" if _torch() is not None else "numpy"
-    if output not in ("torch", "numpy"):
-        raise ValueError(f"output must be 'torch' or 'numpy', not {output!r}")
-    if output == "torch" and _torch() is None:
-        raise ImportError("output='torch' needs torch: pip install 'episerve[torch]'")
-    return output
 
 
 class _Owner:
@@ -223,30 +200,3 @@ def _decode_image(image_module: Any, blob: bytes) -> np.ndarray:
         pixels = np.asarray(image)
     # HWC, as Pillow decodes, to the CHW layout torchvision and LeRobot use.
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
-
-
-def to_output(columns: Columns, output: Output) -> dict[str, Any]:
-    """Numeric arrays as torch tensors (sharing memory; in a `TensorBatch`) or numpy arrays; object arrays as
-    lists."""
-    torch = _torch() if output == "torch" else None
-    result: dict[str, Any] = TensorBatch() if torch is not None else {}
-    for name, values in columns.items():
-        if values.dtype == object:
-            items = values.tolist()
-            if torch is not None:
-                items = [torch.from_numpy(v) if isinstance(v, np.ndarray) and v.dtype != object else v for v in items]
-            result[name] = items
-        elif torch is not None:
-            result[name] = _tensor(torch, values)
-        else:
-            result[name] = values
-    return result
-
-
-def _tensor(torch: Any, values: np.ndarray) -> Any:
-    if not values.flags.writeable:
-        values = values.copy()
-    try:
-        return torch.from_numpy(values)
-    except TypeError:  # a dtype torch has no tensor type for (datetime64...)
-        return values

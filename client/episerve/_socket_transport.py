@@ -1,0 +1,308 @@
+"""The transport for plain `http://` servers: keep-alive sockets, httptools for HTTP/1.1, bodies received in place.
+
+Why not httpx here: httpx spends about a millisecond of client CPU per small request in its layers, and hands a
+large body over in 64 KiB pieces that top out well below loopback speed (`bench/client_read.py`). This transport
+sends each request with one `sendall` and lets httptools (llhttp, the parser uvicorn uses) parse the response
+head and chunked bodies. A body of known `Content-Length` is then received with `recv_into` straight into one
+pyarrow-allocated buffer, whatever its size; since the parser never sees those bytes, every response gets a fresh
+parser, while the connection itself is kept for the next request. (h11, pure Python, cost about 0.1 ms of client
+CPU per request here: as much again as the rest of a 256-row take.)
+
+A reused connection that turns out to have been closed by the server (an idle keep-alive timeout) before any byte
+of the answer arrived is replaced and the request sent once more, without spending a retry: the requests the
+client makes are idempotent reads.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import zlib
+
+import httptools
+import pyarrow as pa
+
+from episerve._transport import (
+    ConnectError,
+    ConnectTimeout,
+    ProtocolError,
+    ReadError,
+    ReadTimeout,
+    Request,
+    Response,
+    Timeouts,
+)
+
+_RECV_BYTES = 4 << 20
+_HEAD_RECV_BYTES = 64 << 10
+_MAX_HEAD_BYTES = 64 << 10
+_LOW_WATER_BYTES = 512 << 10
+_SO_RCVLOWAT: int | None = getattr(socket, "SO_RCVLOWAT", None)
+_EMPTY = pa.py_buffer(b"")
+
+
+class _Stale(Exception):
+    """A reused connection was closed by the server before any byte of the answer arrived."""
+
+
+class _Head:
+    """The parser's callbacks: the response head, and the body bytes parsed so far."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.on_message_begin()
+
+    def on_message_begin(self) -> None:  # again after an informational (1xx) answer
+        self.reason = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.head_done = False
+        self.keep_alive = False
+        self.message_done = False
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # only known while the message is being parsed
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.message_done = True
+
+
+class Connection:
+    """One HTTP/1.1 connection: one request at a time, kept open while both sides allow."""
+
+    def __init__(self, host: str, port: int, timeouts: Timeouts) -> None:
+        try:
+            sock = socket.create_connection((host, port), timeout=timeouts.connect)
+        except TimeoutError as exc:
+            raise ConnectTimeout(f"connecting to {host}:{port} timed out") from exc
+        except OSError as exc:
+            raise ConnectError(f"{exc} (connecting to {host}:{port})") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(timeouts.read)
+        self.host = host if port == 80 else f"{host}:{port}"
+        self.sock = sock
+        self.used = False  # has answered a request (so a failure may just mean the server closed it idle)
+        self.open = True
+
+    def exchange(self, request: Request) -> Response:
+        """Send `request` and read its whole response; raises `_Stale` or a `TransportError`."""
+        reused = self.used
+        self.used = True
+        try:
+            self.sock.sendall(_serialized(request, self.host))
+        except TimeoutError as exc:
+            raise ReadTimeout("timed out sending the request") from exc
+        except OSError as exc:
+            if reused:
+                raise _Stale from exc
+            raise ReadError(f"{exc} while sending the request") from exc
+        head = _Head()
+        self._read_head(head, reused)
+        status = head.parser.get_status_code()
+        body = self._read_body(head)
+        if not head.keep_alive:
+            self.close()
+        return Response(status, head.reason.decode("latin-1"), head.headers, _decoded(head.headers, body))
+
+    def _read_head(self, head: _Head, reused: bool) -> None:
+        first = True
+        received = 0
+        while not head.head_done or head.parser.get_status_code() < 200:  # a 1xx is followed by the real answer
+            try:
+                data = self.sock.recv(_HEAD_RECV_BYTES)
+            except TimeoutError as exc:
+                raise ReadTimeout("timed out waiting for the response") from exc
+            except OSError as exc:
+                if reused and first:
+                    raise _Stale from exc
+                raise ReadError(f"{exc} while waiting for the response") from exc
+            if not data:
+                if reused and first:
+                    raise _Stale
+                raise ProtocolError("the server closed the connection without a complete response head")
+            first = False
+            received += len(data)
+            self._feed(head.parser, data)
+            if received > _MAX_HEAD_BYTES and not head.head_done:
+                raise ProtocolError(f"the response head is longer than {_MAX_HEAD_BYTES} bytes")
+
+    def _read_body(self, head: _Head) -> pa.Buffer:
+        if head.message_done and not head.body:
+            return _EMPTY  # no body (204, 304, an empty 200)
+        chunked = "chunked" in head.headers.get("transfer-encoding", "").lower()
+        length = head.headers.get("content-length")
+        if length is not None and not chunked:  # into a buffer of the client's own, even when it all arrived
+            return self._receive_exactly(int(length), b"".join(head.body))
+        if head.message_done:
+            return _joined(head.body)
+        if not chunked:
+            return self._receive_to_end(head.body)  # delimited by the end of the connection
+        while not head.message_done:
+            data = self._receive("the body")
+            if not data:
+                raise ReadError("the connection closed in the middle of a chunked body")
+            self._feed(head.parser, data)
+        return _joined(head.body)
+
+    @staticmethod
+    def _feed(parser: httptools.HttpResponseParser, data: bytes) -> None:
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            raise ProtocolError(f"invalid response from the server: {exc}") from exc
+
+    def _receive(self, what: str) -> bytes:
+        try:
+            return self.sock.recv(_RECV_BYTES)
+        except TimeoutError as exc:
+            raise ReadTimeout(f"timed out reading {what}") from exc
+        except OSError as exc:
+            raise ReadError(f"{exc} while reading {what}") from exc
+
+    def _receive_to_end(self, pieces: list[bytes]) -> pa.Buffer:
+        while data := self._receive("the body"):
+            pieces.append(data)
+        self.close()
+        return _joined(pieces)
+
+    def _receive_exactly(self, size: int, received: bytes) -> pa.Buffer:
+        if len(received) > size:
+            raise ProtocolError(f"the body is longer than its Content-Length ({size} bytes)")
+        buffer = pa.allocate_buffer(size)
+        target = memoryview(buffer).cast("B")
+        target[: len(received)] = received
+        position = len(received)
+        # A large body arrives in loopback-sized pieces; waking once per `_LOW_WATER_BYTES` instead of once per
+        # piece saves most of the receive calls. The last stretch takes whatever arrives.
+        waiting_for = _LOW_WATER_BYTES if size - position >= 2 * _LOW_WATER_BYTES else 1
+        if waiting_for > 1:
+            waiting_for = self._wake_after(waiting_for)
+        try:
+            while position < size:
+                if waiting_for > size - position:
+                    waiting_for = self._wake_after(1)
+                count = self.sock.recv_into(target[position:], min(size - position, _RECV_BYTES))
+                if count == 0:
+                    raise ReadError(f"the connection closed after {position} of {size} body bytes")
+                position += count
+        except TimeoutError as exc:
+            raise ReadTimeout(f"timed out after {position} of {size} body bytes") from exc
+        except OSError as exc:
+            raise ReadError(f"{exc} after {position} of {size} body bytes") from exc
+        finally:
+            if waiting_for > 1 and self.open:
+                self._wake_after(1)
+        return buffer
+
+    def _wake_after(self, size: int) -> int:
+        """Let receives wait until `size` bytes are there (or the connection ends); returns the size in force."""
+        if _SO_RCVLOWAT is None:
+            return 1
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, size)
+        except OSError:
+            return 1  # not supported here: every receive returns what has arrived
+        return size
+
+    def idle_and_alive(self) -> bool:
+        """Whether the connection can take a request: open, and the server has neither closed it nor sent
+        anything unasked (a readable idle socket means EOF or garbage)."""
+        if not self.open:
+            return False
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+    def close(self) -> None:
+        self.open = False
+        self.sock.close()
+
+
+def _serialized(request: Request, host: str) -> bytes:
+    """The request as HTTP/1.1 bytes: head, then body; header values must not break the head's lines."""
+    lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{name}: {value}" for name, value in request.headers.items()]
+    if request.body or request.method not in ("GET", "HEAD"):
+        lines.append(f"Content-Length: {len(request.body)}")
+    head = "\r\n".join(lines)
+    if any(c in head for c in "\0\x7f") or head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
+        raise ValueError("a request header or target contains control characters")
+    return (head + "\r\n\r\n").encode("latin-1") + request.body
+
+
+def _joined(pieces: list[bytes]) -> pa.Buffer:
+    if not pieces:
+        return _EMPTY
+    return pa.py_buffer(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+
+def _decoded(headers: dict[str, str], body: pa.Buffer) -> pa.Buffer:
+    """The body without its content coding: the client asks for `identity`, but a proxy may compress anyway."""
+    encoding = headers.get("content-encoding", "identity").lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        try:
+            return pa.py_buffer(zlib.decompress(body.to_pybytes(), wbits=zlib.MAX_WBITS | 32))
+        except zlib.error as exc:
+            raise ProtocolError(f"bad {encoding} body: {exc}") from exc
+    raise ProtocolError(f"unsupported content-encoding {encoding!r}")
+
+
+class SocketTransport:
+    """Keep-alive connections to one `host:port`, reused one request at a time (one in single-threaded use)."""
+
+    def __init__(self, host: str, port: int, timeouts: Timeouts) -> None:
+        self.host, self.port, self.timeouts = host, port, timeouts
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+
+    def handle_request(self, request: Request) -> Response:
+        """Send one request and return the complete response."""
+        connection = self._acquire()
+        try:
+            try:
+                response = connection.exchange(request)
+            except _Stale:
+                connection.close()  # closed by the server while idle: send once more on a fresh connection
+                connection = Connection(self.host, self.port, self.timeouts)
+                response = connection.exchange(request)
+        except BaseException:
+            connection.close()
+            raise
+        if connection.open:
+            with self._lock:
+                self._idle.append(connection)
+        return response
+
+    def _acquire(self) -> Connection:
+        while True:
+            with self._lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                return Connection(self.host, self.port, self.timeouts)
+            if connection.idle_and_alive():
+                return connection
+            connection.close()
+
+    def close(self) -> None:
+        """Close the idle connections (call only in the process that opened them)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
