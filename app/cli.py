@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from app.settings import Settings
 
 if TYPE_CHECKING:  # imported lazily below: app.metrics must load after PROMETHEUS_MULTIPROC_DIR is set
-    from app.catalog import Catalog
+    from app.store.catalog import Catalog
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         # Before anything imports app.metrics: every worker then writes its samples to files in this directory
         # and /metrics sums them (prometheus-client's multiprocess mode).
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_directory())
-    from app.catalog import Catalog, ConfigurationError
     from app.main import resolve_roots
+    from app.store.catalog import Catalog, ConfigurationError
 
     try:
         settings = Settings()
@@ -161,21 +161,19 @@ def _serve(settings: Settings) -> int:
 def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from app.episode_spec import parse_episode_spec
-    from app.errors import EpiserveError
-    from app.warm import segments_needed, warm
+    from app.errors import ProblemError
+    from app.reads.episode_spec import parse_episode_spec
+    from app.reads.service import files_needed
+    from app.store.warming import warm
 
     try:
         dataset = catalog.get(args.dataset)
         ranges = parse_episode_spec(args.episodes, 10**9) if args.episodes else None
-        index = dataset.index()
-        needed = segments_needed(dataset, ranges)
-    except EpiserveError as exc:
+        needed = files_needed(dataset, ranges)
+    except ProblemError as exc:
         print(f"episerve-server warm: {exc.detail}", file=sys.stderr)
         return 2
-    rows_total = sum(
-        index.files[n].rows for n in needed if dataset.segments.built_size(index.files[n], index.schema) is None
-    )
+    rows_total = dataset.unbuilt_rows(needed)
     with tqdm(total=rows_total, unit="rows", unit_scale=True, desc=f"warming {dataset.id}") as bar:
         written = {"bytes": 0}
 
@@ -185,21 +183,21 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{written['bytes'] / 1e6 / elapsed:.0f} MB/s", refresh=False)
             bar.update(rows)
 
-        built = warm(dataset, ranges, progress)
+        built = warm(dataset, needed, progress)
     print(f"{dataset.id}: {len(needed)} segments needed, {built} built, {len(needed) - built} already cached")
     return 0
 
 
 def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
-    from app.errors import EpiserveError
-    from app.warm import verify
+    from app.errors import ProblemError
+    from app.store.verify import verify
 
     ids = [args.dataset] if args.dataset else catalog.ids()
     damaged_left = 0
     for dataset_id in ids:
         try:
             report = verify(catalog.get(dataset_id), rebuild=args.rebuild)
-        except EpiserveError as exc:
+        except ProblemError as exc:
             print(f"{dataset_id}: cannot verify: {exc.detail}", file=sys.stderr)
             damaged_left += 1
             continue

@@ -1,52 +1,72 @@
-"""Domain errors. Each names what was wrong; the API layer maps each kind to an HTTP status."""
+"""The server's errors. Each names what was wrong and the HTTP status it is answered with, as a problem
+document (see `app.api.problems`). The client has its own error classes (`episerve.NotFound`...), named after
+what the client sees; these are named after what the server found."""
 
 from __future__ import annotations
 
 
-class EpiserveError(Exception):
-    """Base of every error the server reports to a client."""
+class ProblemError(Exception):
+    """Base of every error the server reports to a client: `status`, `title` and a `detail` saying what was
+    wrong; `limit` (a configured maximum) and `headers` travel with the answer when given."""
 
+    status = 400
     title = "Bad request"
 
-    def __init__(self, detail: str) -> None:
+    def __init__(
+        self,
+        detail: str,
+        *,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+        limit: int | None = None,
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
-
-
-class InvalidRequest(EpiserveError):
-    """The request is well-formed but asks for something impossible (bad spec, unknown column...)."""
-
-    title = "Invalid request"
-
-
-class NotFound(EpiserveError):
-    """A dataset or episode that does not exist."""
-
-    title = "Not found"
-
-
-class TooLarge(EpiserveError):
-    """The request exceeds a configured limit (`limit`, reported to the client as a number)."""
-
-    title = "Request too large"
-
-    def __init__(self, detail: str, limit: int) -> None:
-        super().__init__(detail)
+        if status is not None:
+            self.status = status
+            self.title = ""  # the status's own phrase
+        self.headers = headers
         self.limit = limit
 
 
-class Unavailable(EpiserveError):
+class InvalidInput(ProblemError):
+    """The request is well-formed but asks for something impossible (bad spec, unknown column...)."""
+
+    status = 422
+    title = "Invalid request"
+
+
+class DoesNotExist(ProblemError):
+    """A dataset, episode or route that does not exist."""
+
+    status = 404
+    title = "Not found"
+
+
+class OverLimit(ProblemError):
+    """The request exceeds a configured limit (`limit`, reported to the client as a number)."""
+
+    status = 413
+    title = "Request too large"
+
+    def __init__(self, detail: str, limit: int) -> None:
+        super().__init__(detail, limit=limit)
+
+
+class TryLater(ProblemError):
     """A transient condition (e.g. a source file changed mid-build); retrying may succeed."""
 
+    status = 503
     title = "Service unavailable"
 
 
-class DatasetError(EpiserveError):
+class DatasetError(ProblemError):
     """A dataset on disk is unreadable or inconsistent (an operator problem, not the client's)."""
 
+    status = 503
     title = "Dataset unavailable"
 
 
 class WouldBlock(Exception):
-    """A read asked to run without waiting found it would have to: load an index, map or build a segment, read
-    parquet, or gather more bytes than its budget. Not a client error: the caller runs the read normally."""
+    """A read asked not to block found it would have to: load an index, map or build a segment, read a source
+    file, or gather more bytes than its budget. Not a client error: the caller runs the read where it may block."""

@@ -18,11 +18,11 @@ from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers
 from app.auth import TokenVerifier
-from app.catalog import Catalog
 from app.demo import ensure_demo_dataset
 from app.logs import configure_logging
 from app.settings import Settings
-from app.warm import Warmer
+from app.store.catalog import Catalog
+from app.store.warming import Warmer
 
 log = logging.getLogger("episerve")
 

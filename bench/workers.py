@@ -23,9 +23,9 @@ from bench.processes import _clean_env, app_dir
 def _episerve_build(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     """Build every segment of one dataset with the server's own warm-up (what `episerve-server warm` runs), at
     the default settings."""
-    from app.catalog import Catalog
     from app.settings import Settings
-    from app.warm import warm
+    from app.store.catalog import Catalog
+    from app.store.warming import warm
 
     settings = Settings(roots=[Path(args["root"])], cache_dir=Path(args["cache_dir"]))
     dataset = Catalog(settings, settings.roots).get(args["dataset"])

@@ -14,9 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.catalog import Catalog
 from app.demo import write_demo_dataset
+from app.reads.service import read_slice, take
 from app.settings import Settings
+from app.store.catalog import Catalog
 from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
 
 
@@ -45,7 +46,7 @@ def _read_everything(
     dataset.index()
     if barrier is not None:
         barrier.wait()
-    selected = dataset.read_slice(None, 0, None, ["episode_index"], 10**9)
+    selected = read_slice(dataset, None, 0, None, ["episode_index"], 10**9)
     values = pa.Table.from_batches(selected.batches, selected.schema)["episode_index"].to_pylist()
     return dataset.segments.builds, values
 
@@ -86,7 +87,7 @@ def test_damaged_segment_is_rebuilt_never_served(tmp_path: Path, damage: str) ->
     catalog = make_catalog(root, tmp_path / "cache")
     dataset = catalog.get("demo")
     expected = oracle(root / "demo", None)
-    dataset.read_slice(None, 0, None, None, 10**9)
+    read_slice(dataset, None, 0, None, None, 10**9)
     arrow = cache_files(tmp_path / "cache", "segments/*.arrow")[0]
     sidecar = arrow.with_suffix(".json")
     if damage == "truncate":
@@ -101,7 +102,7 @@ def test_damaged_segment_is_rebuilt_never_served(tmp_path: Path, damage: str) ->
         arrow.write_bytes(b"")
 
     fresh = make_catalog(root, tmp_path / "cache").get("demo")  # a new process: nothing cached in memory
-    selected = fresh.read_slice(None, 0, None, None, 10**9)
+    selected = read_slice(fresh, None, 0, None, None, 10**9)
     assert_tables_equal(pa.Table.from_batches(selected.batches, selected.schema), expected)
     assert fresh.segments.builds == 1
 
@@ -132,13 +133,13 @@ def test_concurrent_requests_in_one_process_share_one_build(tmp_path: Path) -> N
     write_demo_dataset(root / "demo", episodes=20, files=1)
     dataset = make_catalog(root, tmp_path / "cache", cold_read_bytes=0).get("demo")
     with ThreadPoolExecutor(8) as pool:
-        sizes = list(pool.map(lambda _: len(dataset.take(None, [0, 5, 9], ["index"]).table), range(16)))
+        sizes = list(pool.map(lambda _: len(take(dataset, None, [0, 5, 9], ["index"]).table), range(16)))
     assert sizes == [3] * 16
     assert dataset.segments.builds == 1
 
 
 def test_warm_builds_files_side_by_side_each_once_and_reports_every_row(tmp_path: Path) -> None:
-    from app.warm import warm
+    from app.store.warming import warm
 
     root = tmp_path / "root"
     write_demo_dataset(root / "demo", format="v2.1", episodes=12, seed=5)  # one parquet file per episode
@@ -152,14 +153,14 @@ def test_warm_builds_files_side_by_side_each_once_and_reports_every_row(tmp_path
     assert built == len(index.files) == 12 == len(finished) == len(cache_files(tmp_path / "cache", "*.arrow"))
     assert sum(reported) == sum(source.rows for source in index.files)
     assert not cache_files(tmp_path / "cache", "*.tmp")
-    selected = dataset.read_slice(None, 0, None, None, 10**9)
+    selected = read_slice(dataset, None, 0, None, None, 10**9)
     assert_tables_equal(pa.Table.from_batches(selected.batches, selected.schema), oracle(root / "demo", None))
     assert warm(dataset) == 0  # all cached
 
 
 def test_warm_stops_at_a_source_that_cannot_be_converted(tmp_path: Path) -> None:
     from app.errors import DatasetError
-    from app.warm import warm
+    from app.store.warming import warm
 
     root = tmp_path / "root"
     write_demo_dataset(root / "demo", format="v2.1", episodes=6, seed=6)
@@ -204,13 +205,13 @@ def test_changed_file_invalidates_only_its_own_segment(tmp_path: Path) -> None:
     write_demo_dataset(root / "demo", episodes=30, files=3)
     catalog = make_catalog(root, tmp_path / "cache")
     dataset = catalog.get("demo")
-    dataset.read_slice(None, 0, None, None, 10**9)
+    read_slice(dataset, None, 0, None, None, 10**9)
     segments = {p.name: p.stat().st_mtime_ns for p in cache_files(tmp_path / "cache", "segments/*.arrow")}
     target = sorted((root / "demo" / "data").rglob("*.parquet"))[1]
     table = pq.read_table(target)
     pq.write_table(table, target)  # same rows, new file: a new fingerprint
     os.utime(target, ns=(time.time_ns(), time.time_ns() + 1_000_000))
-    selected = dataset.read_slice(None, 0, None, None, 10**9)
+    selected = read_slice(dataset, None, 0, None, None, 10**9)
     assert_tables_equal(pa.Table.from_batches(selected.batches, selected.schema), oracle(root / "demo", None))
     after = {p.name: p.stat().st_mtime_ns for p in cache_files(tmp_path / "cache", "segments/*.arrow")}
     changed = [name for name in segments if after[name] != segments[name]]
@@ -246,7 +247,7 @@ def test_source_files_with_dots_in_their_names_get_distinct_segments(tmp_path: P
         table = pa.table({"episode_index": [part, part], "value": [part * 10, part * 10 + 1]})
         pq.write_table(table, root / "dotted" / f"train.part{part}.v1.parquet")
     dataset = make_catalog(root, tmp_path / "cache").get("dotted")
-    selected = dataset.read_slice(None, 0, None, None, 10**9)
+    selected = read_slice(dataset, None, 0, None, None, 10**9)
     assert pa.Table.from_batches(selected.batches, selected.schema)["value"].to_pylist() == [0, 1, 10, 11, 20, 21]
     assert len(cache_files(tmp_path / "cache", "segments/*.arrow")) == 3
 
@@ -257,13 +258,13 @@ def test_cold_take_reads_row_groups_and_builds_the_segment_in_the_background(tmp
     dataset = make_catalog(root, tmp_path / "cache").get("demo")
     view = oracle(root / "demo", [3, 17, 25])
     indices = [view.num_rows - 1, 0, 5, 5, view.num_rows // 2]
-    first = dataset.take([(3, 3), (17, 17), (25, 25)], indices, None).table
+    first = take(dataset, [(3, 3), (17, 17), (25, 25)], indices, None).table
     assert_tables_equal(first, view.take(pa.array(indices)))
     deadline = time.monotonic() + 30
     while dataset.cache_status()["segments_built"] < 2:  # both files were touched: both get built
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    again = dataset.take([(3, 3), (17, 17), (25, 25)], indices, ["index", "action"]).table
+    again = take(dataset, [(3, 3), (17, 17), (25, 25)], indices, ["index", "action"]).table
     assert_tables_equal(again, view.take(pa.array(indices)).select(["index", "action"]))
     assert dataset.segments.builds == 2
 
@@ -273,7 +274,7 @@ def test_cold_reads_over_budget_wait_for_the_build(tmp_path: Path) -> None:
     write_demo_dataset(root / "demo", episodes=10, files=1)
     dataset = make_catalog(root, tmp_path / "cache", cold_read_bytes=1).get("demo")
     view = oracle(root / "demo", None)
-    assert_tables_equal(dataset.take(None, [7, 1], None).table, view.take(pa.array([7, 1])))
+    assert_tables_equal(take(dataset, None, [7, 1], None).table, view.take(pa.array([7, 1])))
     assert dataset.segments.builds == 1  # built synchronously: the row groups exceeded the budget
 
 

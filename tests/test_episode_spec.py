@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.episode_spec import format_ranges, parse_episode_spec, ranges_from_ids, resolve_episodes
-from app.errors import InvalidRequest, NotFound, TooLarge
+from app.errors import DoesNotExist, InvalidInput, OverLimit
+from app.reads.episode_spec import format_ranges, parse_episode_spec, ranges_from_ids, resolve_episodes
 
 terms = st.one_of(
     st.integers(0, 500).map(str),
@@ -45,7 +45,7 @@ def test_formatting_round_trips(parts: list[str]) -> None:
 def test_arbitrary_text_is_parsed_or_rejected_with_invalid_request(text: str) -> None:
     try:
         ranges = parse_episode_spec(text, 10_000)
-    except InvalidRequest as exc:
+    except InvalidInput as exc:
         assert exc.detail
     else:
         assert ranges and all(0 <= a <= b for a, b in ranges)
@@ -57,7 +57,7 @@ def test_resolution_is_the_sorted_intersection_or_names_the_missing(ids: list[in
     ranges = ranges_from_ids(ids)
     missing = set(ids) - known
     if missing:
-        with pytest.raises(NotFound) as raised:
+        with pytest.raises(DoesNotExist) as raised:
             resolve_episodes(ranges, known_array)
         assert str(min(missing)) in raised.value.detail
     else:
@@ -65,11 +65,11 @@ def test_resolution_is_the_sorted_intersection_or_names_the_missing(ids: list[in
 
 
 def test_overlong_spec_is_too_large_and_reports_the_limit() -> None:
-    with pytest.raises(TooLarge) as raised:
+    with pytest.raises(OverLimit) as raised:
         parse_episode_spec("1," * 20, 16)
     assert raised.value.limit == 16
 
 
 def test_negative_ids_in_a_list_are_invalid() -> None:
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidInput):
         ranges_from_ids([3, -1])

@@ -184,7 +184,7 @@ def test_compressed_streams_decode_to_the_same_rows(http: httpx.Client, datasets
 
 
 def test_compressed_stream_chunks_concatenate_to_a_valid_stream(datasets_root: Path) -> None:
-    from app.arrow_stream import encode_stream
+    from app.reads.arrow_ipc import encode_stream
 
     table = oracle(datasets_root / "lerobot/demo-v3", None)
     batches = table.to_batches(max_chunksize=500)

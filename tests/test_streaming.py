@@ -94,7 +94,7 @@ def test_a_windowed_answer_larger_than_a_piece_is_sent_in_slices_intact(big: tup
 def test_stream_parts_point_into_the_batches_they_encode(tmp_path: Path) -> None:
     """Large column buffers go out as views of the memory-mapped batch (no copy of the data); the parts joined
     are exactly the stream Arrow itself writes, also for slices whose offsets must be rebased."""
-    from app.arrow_stream import OWN_PART_BYTES, encode_stream, stream_size
+    from app.reads.arrow_ipc import OWN_CHUNK_BYTES, encode_stream, stream_size
 
     rng = np.random.default_rng(8)
     n = 50_000
@@ -118,4 +118,4 @@ def test_stream_parts_point_into_the_batches_they_encode(tmp_path: Path) -> None
     high = low + (tmp_path / "s.arrow").stat().st_size
     in_map = [p for p in parts if isinstance(p, memoryview) and low <= pa.py_buffer(p).address < high]
     assert sum(p.nbytes for p in in_map) >= 0.9 * (n + 30_000) * 8  # the float values, straight from the map
-    assert all(len(p) >= OWN_PART_BYTES for p in parts if isinstance(p, memoryview))
+    assert all(len(p) >= OWN_CHUNK_BYTES for p in parts if isinstance(p, memoryview))

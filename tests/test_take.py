@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.catalog import Catalog
-from app.gather import MappedColumns, Part, fixed_row_width, gather, gather_kinds
+from app.reads.byte_gather import MappedColumns, Part, fixed_row_width, gather, gather_kinds
+from app.reads.service import read_slice, take
 from app.settings import Settings
+from app.store.catalog import Catalog
 from tests.support import assert_tables_equal, oracle
 
 
@@ -51,7 +52,7 @@ def test_wide_take_equals_oracle_in_request_order(wide: tuple[Path, Catalog], da
     indices = data.draw(st.lists(st.integers(0, view.num_rows - 1), min_size=1, max_size=300))
     columns = data.draw(st.sampled_from([None, ["frame"], ["note", "x"], ["x", "frame", "episode_index"]]))
     ranges = [(e, e) for e in sorted(set(episodes))]
-    taken = dataset.take(ranges, indices, columns).table
+    taken = take(dataset, ranges, indices, columns).table
     expected = view.take(pa.array(indices))
     assert_tables_equal(taken, expected if columns is None else expected.select(columns))
 
@@ -63,9 +64,9 @@ def test_dictionary_encoded_columns_are_served_as_plain_values(tmp_path: Path) -
     pq.write_table(pa.table({"episode_index": [0, 0, 1, 1], "label": labels}), root / "categorical" / "a.parquet")
     dataset = Catalog(Settings(roots=[root], cache_dir=tmp_path / "cache"), [root]).get("categorical")
     assert dataset.index().schema.field("label").type == pa.string()
-    selected = dataset.read_slice([(1, 1)], 0, None, None, 100)
+    selected = read_slice(dataset, [(1, 1)], 0, None, None, 100)
     assert pa.Table.from_batches(selected.batches, selected.schema)["label"].to_pylist() == ["pick", "push"]
-    assert dataset.take(None, [3, 0], ["label"]).table["label"].to_pylist() == ["push", "pick"]
+    assert take(dataset, None, [3, 0], ["label"]).table["label"].to_pylist() == ["push", "pick"]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_fixed_width_take_equals_oracle_in_request_order(fixed: tuple[Path, Cata
         st.lists(st.sampled_from(FIXED_WIDTH), min_size=1, max_size=5, unique=True)
     )
     ranges = None if picked is None else [(e, e) for e in sorted(set(picked))]
-    taken = dataset.take(ranges, indices, columns).table
+    taken = take(dataset, ranges, indices, columns).table
     expected = view.take(pa.array(indices, pa.int64()))
     assert_tables_equal(taken, expected if columns is None else expected.select(columns))
 

@@ -1,6 +1,6 @@
 """Arrow IPC stream responses: exact Content-Length, column buffers sent from where they lie (no copy of the data).
 
-`ArrowPartsResponse` sends a stream already encoded into parts (small answers, such as takes).
+`ArrowChunksResponse` sends a stream already encoded into chunks (small answers, such as takes).
 `ArrowStreamResponse` encodes a large stream batch by batch as the connection takes it. Starlette's
 `StreamingResponse` would run a synchronous body iterator through the thread pool, one hand-off per chunk, plus a
 task group watching for the client leaving; for a 15 MB range that machinery cost more server CPU than the bytes.
@@ -15,12 +15,40 @@ import asyncio
 from collections.abc import Sequence
 
 import pyarrow as pa
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.arrow_stream import ARROW_STREAM_MEDIA_TYPE, Part, encode_stream, stream_size
+from app.reads.arrow_ipc import (
+    ARROW_STREAM_MEDIA_TYPE,
+    OWN_CHUNK_BYTES,
+    Chunk,
+    encode_stream,
+    encode_whole,
+    stream_size,
+)
+from app.reads.service import Answer
 
 _PIECE_BYTES = 16 * 1024 * 1024  # larger batches (windowed answers) are sent as slices: the loop never waits long
+_SINGLE_PIECE_BYTES = 4 * 1024 * 1024
+
+
+def arrow_response(answer: Answer) -> Response:
+    """The answer as an Arrow IPC stream response: small bodies encoded at once (tiny ones into one buffer),
+    large ones batch by batch as they are sent (compressed ones without a known length)."""
+    schema, batches, codec = answer.schema, answer.batches, answer.codec
+    headers = {**answer.headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
+    if codec is not None:
+        headers["X-Arrow-Compression"] = codec
+    if sum(b.get_total_buffer_size() for b in batches) < OWN_CHUNK_BYTES:  # nbytes costs ~16 us a batch
+        return ArrowChunksResponse([memoryview(encode_whole(schema, batches, codec))], headers)
+    size = stream_size(schema, batches)
+    if size <= _SINGLE_PIECE_BYTES:
+        chunks = [chunk for chunks in encode_stream(schema, batches, codec) for chunk in chunks]
+        return ArrowChunksResponse(chunks, headers)
+    if codec is not None:
+        joined = (b"".join(chunks) for chunks in encode_stream(schema, batches, codec))
+        return StreamingResponse(joined, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+    return ArrowStreamResponse(schema, batches, headers, size)
 
 
 def bounded(batches: Sequence[pa.RecordBatch], max_bytes: int) -> list[pa.RecordBatch]:
@@ -55,9 +83,9 @@ class ArrowStreamResponse(Response):
         gone = asyncio.ensure_future(_disconnect(receive))
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            for parts in encode_stream(self.schema, self.batches):
-                for part in parts:
-                    await send({"type": "http.response.body", "body": part, "more_body": True})
+            for chunks in encode_stream(self.schema, self.batches):
+                for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await asyncio.sleep(0)  # a send to a closed connection returns at once: let `gone` see it
                 if gone.done():
                     return  # nobody reads the rest
@@ -66,19 +94,19 @@ class ArrowStreamResponse(Response):
             gone.cancel()
 
 
-class ArrowPartsResponse(Response):
-    """A whole Arrow IPC stream, already encoded into `parts`, sent without joining them."""
+class ArrowChunksResponse(Response):
+    """A whole Arrow IPC stream, already encoded into `chunks`, sent without joining them."""
 
     media_type = ARROW_STREAM_MEDIA_TYPE
 
-    def __init__(self, parts: list[Part], headers: dict[str, str]) -> None:
-        super().__init__(headers={**headers, "Content-Length": str(sum(len(part) for part in parts))})
-        self.parts = parts
+    def __init__(self, chunks: list[Chunk], headers: dict[str, str]) -> None:
+        super().__init__(headers={**headers, "Content-Length": str(sum(len(chunk) for chunk in chunks))})
+        self.chunks = chunks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        for part in self.parts:
-            await send({"type": "http.response.body", "body": part, "more_body": True})
+        for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import get_dataset, get_settings, json_body_schema, read_json_body
+from app.api.deps import get_dataset, json_body_schema, read_json_body
 from app.api.problems import OrjsonResponse
-from app.api.rows import episode_ranges
-from app.dataset import Dataset
-from app.settings import Settings
-from app.warm import Warmer
+from app.reads.requests import WarmRequest
+from app.reads.service import files_needed
+from app.store.dataset import Dataset
+from app.store.warming import Warmer
 
 router = APIRouter(tags=["cache"])
-
-
-class WarmRequest(BaseModel):
-    """Which episodes to warm; every episode when absent."""
-
-    model_config = ConfigDict(extra="forbid")
-    episodes: str | list[Annotated[StrictInt, Field(ge=0, le=2**62)]] | None = Field(
-        None, description="Episode spec ('0,3-5') or list of ids; absent means every episode."
-    )
 
 
 async def get_warmer(request: Request) -> Warmer:
@@ -45,10 +35,15 @@ def cache_report(dataset: Dataset, warmer: Warmer) -> dict[str, Any]:
                 "bytes_done": b.bytes_done,
                 "progress": b.rows_done / b.rows_total if b.rows_total else 1.0,
             }
-            for b in list(dataset.segments.building.values())
+            for b in dataset.builds_in_progress()
         ],
         "warming": job.as_dict() if job else None,
     }
+
+
+def _start_warming(dataset: Dataset, warmer: Warmer, request: WarmRequest) -> dict[str, Any]:
+    warmer.start(dataset, files_needed(dataset, request.episode_ranges(dataset.limits)))
+    return cache_report(dataset, warmer)
 
 
 @router.get("/datasets/{dataset_id:path}/cache", summary="Cache status: segments built, bytes, builds in progress")
@@ -63,15 +58,10 @@ def cache_status(dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depen
     openapi_extra=json_body_schema(WarmRequest, required=False),
 )
 async def warm_cache(
-    request: Request,
-    dataset: Dataset = Depends(get_dataset),
-    settings: Settings = Depends(get_settings),
-    warmer: Warmer = Depends(get_warmer),
+    request: Request, dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depends(get_warmer)
 ) -> OrjsonResponse:
     body = WarmRequest()
     if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
-        body = await read_json_body(request, WarmRequest, settings.max_body_bytes)
-    ranges = episode_ranges(body.episodes, settings)
-    await run_in_threadpool(warmer.start, dataset, ranges)
-    report = await run_in_threadpool(cache_report, dataset, warmer)
+        body = await read_json_body(request, WarmRequest, dataset.limits.max_body_bytes)
+    report = await run_in_threadpool(_start_warming, dataset, warmer, body)
     return OrjsonResponse(report, status_code=202)

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from app.api.deps import get_catalog, get_dataset
-from app.catalog import Catalog
-from app.dataset import Dataset
-from app.describe import describe_dataset, list_episodes, summarize_dataset
+from app.reads.describe import describe_dataset, list_episodes, summarize_dataset
+from app.store.catalog import Catalog
+from app.store.dataset import Dataset
 
 router = APIRouter(tags=["datasets"])
 

@@ -9,13 +9,14 @@ from typing import Any, TypeVar
 import anyio
 import orjson
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from app.api.problems import ProblemException
 from app.auth import TokenCheck, TokenVerifier
-from app.catalog import Catalog
-from app.dataset import Dataset
+from app.errors import OverLimit, ProblemError, TryLater
+from app.reads.requests import validated
 from app.settings import Settings
+from app.store.catalog import Catalog
+from app.store.dataset import Dataset
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -35,7 +36,7 @@ async def get_catalog(request: Request) -> Catalog:
 def catalog_of(request: Request) -> Catalog:
     catalog = getattr(request.app.state, "catalog", None)
     if catalog is None:
-        raise ProblemException(503, "the catalog is still loading; retry shortly")
+        raise TryLater("the catalog is still loading; retry shortly")
     return catalog
 
 
@@ -49,11 +50,13 @@ def check_token(request: Request) -> None:
     verifier: TokenVerifier = request.app.state.token_verifier
     result = verifier.check(request.headers.get("authorization"))
     if result is TokenCheck.MISSING:
-        raise ProblemException(
-            401, "this server requires a bearer token (Authorization: Bearer <token>)", {"WWW-Authenticate": "Bearer"}
+        raise ProblemError(
+            "this server requires a bearer token (Authorization: Bearer <token>)",
+            status=401,
+            headers={"WWW-Authenticate": "Bearer"},
         )
     if result is TokenCheck.INVALID:
-        raise ProblemException(403, "the bearer token is not accepted")
+        raise ProblemError("the bearer token is not accepted", status=403)
 
 
 async def get_dataset(dataset_id: str, request: Request) -> Dataset:
@@ -78,12 +81,12 @@ async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
     check_json_content_type(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise ProblemException(413, f"the body is {declared} bytes; the limit is {max_bytes} bytes", limit=max_bytes)
+        raise OverLimit(f"the body is {declared} bytes; the limit is {max_bytes} bytes", max_bytes)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > max_bytes:
-            raise ProblemException(413, f"the body is larger than the limit of {max_bytes} bytes", limit=max_bytes)
+            raise OverLimit(f"the body is larger than the limit of {max_bytes} bytes", max_bytes)
     return decode_json_body(body, model)
 
 
@@ -91,7 +94,7 @@ def check_json_content_type(content_type: str | None) -> None:
     """415 unless the content type is JSON (`application/json` or `*+json`)."""
     media = (content_type or "").split(";")[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
-        raise ProblemException(415, f"the body must be application/json, got {content_type or 'no content type'!r}")
+        raise ProblemError(f"the body must be application/json, got {content_type or 'no content type'!r}", status=415)
 
 
 def decode_json_body(body: bytes | bytearray, model: type[M]) -> M:
@@ -99,11 +102,5 @@ def decode_json_body(body: bytes | bytearray, model: type[M]) -> M:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise ProblemException(400, f"the body is not valid JSON: {exc}") from exc
-    try:
-        return model.model_validate(document)
-    except ValidationError as exc:
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
-        raise ProblemException(422, f"invalid body: {detail}") from exc
+        raise ProblemError(f"the body is not valid JSON: {exc}", status=400) from exc
+    return validated(model, document, "body")

@@ -6,8 +6,11 @@ the event loop anyway. This ASGI middleware answers the common cases itself:
 
 - `POST /datasets/{id}/rows/take`: an accepted token, a JSON body that validates, a loaded dataset whose touched
   segments this process has mapped already, and a result of at most `EPISERVE_INLINE_READ_BYTES`;
-- `GET /datasets/{id}/rows` with only `episodes`, `start`, `stop` and `columns` in its query (no windows, no
-  compression, no `If-None-Match`), an accepted token, and segments this process has mapped already.
+- `GET /datasets/{id}/rows` without windows, compression or `If-None-Match`, with an accepted token, and
+  segments this process has mapped already.
+
+Both parse the request with the route's own model (`app.reads.requests`) and call the same read service with
+`may_block=False`; a request parsed here and passed on is not parsed again.
 
 `EPISERVE_INLINE_READ_BYTES=0` turns the lane off. Anything else (every error, a first touch that maps or builds
 a segment, a large take) goes on, body intact, to the regular route, which answers it as it always does. The
@@ -16,6 +19,7 @@ response is the same either way; only its cost differs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import parse_qsl
 
 from starlette.datastructures import Headers, State
@@ -25,14 +29,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
 from app.api.deps import check_json_content_type, decode_json_body
-from app.api.problems import ProblemException
-from app.api.rows import MAX_ROW, SliceRequest, TakeRequest, columns_of, slice_response, take_ranges, take_response
+from app.api.rows import to_response
 from app.auth import TokenCheck
-from app.errors import EpiserveError, WouldBlock
+from app.errors import ProblemError, WouldBlock
+from app.reads.requests import SliceRequest, TakeRequest
+from app.reads.service import answer_slice, answer_take
 
 _TAKE_SUFFIX = "/rows/take"
 _SLICE_SUFFIX = "/rows"
-_SLICE_PARAMETERS = frozenset({"episodes", "start", "stop", "columns"})
+PARSED_REQUEST = "episerve.request"  # scope key: the request as parsed here, so the route need not parse it again
 
 
 class FastLane:
@@ -60,15 +65,18 @@ class FastLane:
     async def _take(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.take_route.matches(scope)
         response = None
-        if match is Match.FULL:
-            body, complete, receive = await _buffer_body(receive, self.state.settings.max_body_bytes)
-            if complete:
-                response = self._quick_take(scope, child_scope["path_params"]["dataset_id"], body)
+        if match is Match.FULL and self._accepted(scope):
+            limit = self.state.settings.max_body_bytes
+            body, complete, receive = await _buffer_body(receive, limit)
+            if complete and len(body) <= limit:
+                response = self._quick(scope, child_scope, lambda: self._parsed_take(scope, body))
         await self._answer(response, child_scope, scope, receive, send)
 
     async def _slice(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.slice_route.matches(scope)
-        response = self._quick_slice(scope, child_scope["path_params"]["dataset_id"]) if match is Match.FULL else None
+        response = None
+        if match is Match.FULL and self._accepted(scope):
+            response = self._quick(scope, child_scope, lambda: _parsed_slice(scope))
         await self._answer(response, child_scope, scope, receive, send)
 
     async def _answer(
@@ -81,59 +89,47 @@ class FastLane:
         scope.update(child_scope)  # the route, as the router would have set it (metrics label it by its path)
         await response(scope, receive, send)
 
-    def _accepted(self, headers: Headers) -> bool:
+    def _accepted(self, scope: Scope) -> bool:
         return getattr(self.state, "catalog", None) is not None and (
-            self.state.token_verifier.check(headers.get("authorization")) is TokenCheck.OK
+            self.state.token_verifier.check(Headers(scope=scope).get("authorization")) is TokenCheck.OK
         )
 
-    def _quick_take(self, scope: Scope, dataset_id: str, body: bytes) -> Response | None:
-        """The take's response if it can be answered right here without waiting; None otherwise."""
-        headers = Headers(scope=scope)
-        if not self._accepted(headers):
-            return None
-        settings = self.state.settings
+    def _quick(
+        self, scope: Scope, child_scope: Scope, parse: Callable[[], SliceRequest | TakeRequest]
+    ) -> Response | None:
+        """The read's response if it can be answered right here without waiting; None otherwise (after a valid
+        request is parsed, the route reuses it)."""
         try:
-            check_json_content_type(headers.get("content-type"))
-            request = decode_json_body(body, TakeRequest)
-            ranges = take_ranges(request, settings)
-            response = take_response(self.state.catalog.get(dataset_id), ranges, request, settings.inline_read_bytes)
-        except (ProblemException, EpiserveError, WouldBlock):
+            request = parse()
+        except ProblemError:
+            return None  # the route parses it again and words the error
+        scope[PARSED_REQUEST] = request
+        try:
+            dataset = self.state.catalog.get(child_scope["path_params"]["dataset_id"])
+            if isinstance(request, TakeRequest):
+                answer = answer_take(dataset, request, may_block=False)
+                counter = metrics.INLINE_TAKES
+            else:
+                if request.codec is not None or "if-none-match" in Headers(scope=scope):
+                    return None  # compressing a slice is CPU work; conditional reads check freshness
+                answer = answer_slice(dataset, request, may_block=False)
+                counter = metrics.INLINE_SLICES
+        except (ProblemError, WouldBlock):
             return None  # the regular route answers it (and words every error)
-        metrics.INLINE_TAKES.inc()
-        return response
+        counter.inc()
+        return to_response(answer)
 
-    def _quick_slice(self, scope: Scope, dataset_id: str) -> Response | None:
-        """The slice's response if it can be answered right here without waiting; None otherwise."""
-        headers = Headers(scope=scope)
-        if "if-none-match" in headers or not self._accepted(headers):
-            return None
-        selection = _plain_slice(scope["query_string"])
-        if selection is None:
-            return None
-        try:
-            dataset = self.state.catalog.get(dataset_id)
-            response = slice_response(dataset, self.state.settings, selection, None, inline=True)
-        except (ProblemException, EpiserveError, WouldBlock):
-            return None
-        metrics.INLINE_SLICES.inc()
-        return response
+    @staticmethod
+    def _parsed_take(scope: Scope, body: bytes) -> TakeRequest:
+        check_json_content_type(Headers(scope=scope).get("content-type"))
+        return decode_json_body(body, TakeRequest)
 
 
-def _plain_slice(query: bytes) -> SliceRequest | None:
-    """The selection of a query holding only well-formed `episodes`, `start`, `stop` and `columns`, each at most
-    once; None for anything else, which the route validates and answers."""
-    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
-    values = dict(pairs)
-    if len(values) != len(pairs) or not values.keys() <= _SLICE_PARAMETERS:
-        return None
-    given: dict[str, object] = {"episodes": values.get("episodes"), "columns": columns_of(values.get("columns"))}
-    for name in ("start", "stop"):
-        text = values.get(name)
-        if text is not None:
-            if not (text.isascii() and text.isdigit()) or int(text) > MAX_ROW:
-                return None
-            given[name] = int(text)
-    return SliceRequest.model_construct(**given)  # every other field at its default
+def _parsed_slice(scope: Scope) -> SliceRequest:
+    pairs = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+    if len({name for name, _ in pairs}) != len(pairs):
+        raise ProblemError("a repeated query parameter")  # left to the route, which reads the last one
+    return SliceRequest.from_query(pairs)
 
 
 async def _buffer_body(receive: Receive, limit: int) -> tuple[bytes, bool, Receive]:

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import DatasetError, EpiserveError, InvalidRequest, NotFound, TooLarge, Unavailable
+from app.errors import DatasetError, ProblemError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -25,27 +25,6 @@ class OrjsonResponse(JSONResponse):
 
 
 log = logging.getLogger("episerve")
-
-_STATUS: dict[type[EpiserveError], int] = {
-    InvalidRequest: 422,
-    NotFound: 404,
-    TooLarge: 413,
-    Unavailable: 503,
-    DatasetError: 503,
-}
-
-
-class ProblemException(Exception):
-    """Raised by routers for HTTP-only problems (bad content type, unparsable body...)."""
-
-    def __init__(
-        self, status: int, detail: str, headers: dict[str, str] | None = None, limit: int | None = None
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.headers = headers
-        self.limit = limit
 
 
 def problem(
@@ -67,18 +46,12 @@ def problem(
 def install_problem_handlers(app: FastAPI) -> None:
     """Map domain errors, validation errors and unexpected exceptions to problem responses."""
 
-    @app.exception_handler(EpiserveError)
-    async def domain_error(request: Request, exc: EpiserveError) -> OrjsonResponse:
-        status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 400)
+    @app.exception_handler(ProblemError)
+    async def problem_error(request: Request, exc: ProblemError) -> OrjsonResponse:
         if isinstance(exc, DatasetError):
             log.error("dataset error on %s: %s", request.url.path, exc.detail)
-        extra = {"limit": exc.limit} if isinstance(exc, TooLarge) else {}
-        return problem(status, exc.detail, exc.title, **extra)
-
-    @app.exception_handler(ProblemException)
-    async def http_problem(request: Request, exc: ProblemException) -> OrjsonResponse:
         extra = {"limit": exc.limit} if exc.limit is not None else {}
-        return problem(exc.status, exc.detail, headers=exc.headers, **extra)
+        return problem(exc.status, exc.detail, exc.title or None, headers=exc.headers, **extra)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> OrjsonResponse:

@@ -1,6 +1,6 @@
 """Arrow IPC stream encoding without materialising tables: schema message, one message per batch, end marker.
 
-The stream comes out as parts to send in order. Column buffers of at least `OWN_PART_BYTES` are parts of their
+The stream comes out as chunks to send in order. Column buffers of at least `OWN_CHUNK_BYTES` are chunks of their
 own that point into the batch's memory (for stored rows: the memory-mapped segment), so the data is copied once,
 by the kernel into the socket; the small pieces between them (message headers, padding, rebased offsets) are
 joined. The exact size of an uncompressed stream is known before the first byte is sent (`Content-Length`),
@@ -15,9 +15,9 @@ import pyarrow as pa
 
 ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
-OWN_PART_BYTES = 64 * 1024
+OWN_CHUNK_BYTES = 64 * 1024
 
-Part = bytes | memoryview
+Chunk = bytes | memoryview  # one piece of an encoded stream, sent as it is
 
 
 def stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
@@ -27,7 +27,7 @@ def stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
 
 def encode_whole(schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None) -> pa.Buffer:
     """The whole IPC stream in one buffer, written by Arrow itself. It copies the data, which for a small answer
-    (no buffer as large as `OWN_PART_BYTES`) costs less than collecting parts."""
+    (no buffer as large as `OWN_CHUNK_BYTES`) costs less than collecting chunks."""
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression)
     with pa.ipc.new_stream(sink, schema, options=options) as writer:
@@ -38,41 +38,41 @@ def encode_whole(schema: pa.Schema, batches: Sequence[pa.RecordBatch], compressi
 
 def encode_stream(
     schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None
-) -> Iterator[list[Part]]:
-    """The IPC stream of `batches`: one list of parts for the schema, one per batch (encoded only when the
+) -> Iterator[list[Chunk]]:
+    """The IPC stream of `batches`: one list of chunks for the schema, one per batch (encoded only when the
     consumer gets to it) and one for the end marker. With `compression` (`lz4` or `zstd`, which every Arrow
     reader decompresses by itself) the batch bodies are compressed."""
-    parts = _Parts()
+    chunks = _Chunks()
     options = pa.ipc.IpcWriteOptions(compression=compression)
-    writer = pa.ipc.new_stream(pa.PythonFile(parts, mode="w"), schema, options=options)
-    yield parts.drain()
+    writer = pa.ipc.new_stream(pa.PythonFile(chunks, mode="w"), schema, options=options)
+    yield chunks.drain()
     for batch in batches:
         writer.write_batch(batch)
-        yield parts.drain()
+        yield chunks.drain()
     writer.close()
-    yield parts.drain()
+    yield chunks.drain()
 
 
-class _Parts:
+class _Chunks:
     """A writable file that keeps large writes as they are: Arrow hands over its buffers, not copies."""
 
     def __init__(self) -> None:
-        self.parts: list[Part] = []
+        self.chunks: list[Chunk] = []
         self.small: list[bytes] = []
         self.closed = False
 
     def write(self, data: bytes | pa.Buffer) -> int:
         view = memoryview(data)
-        if view.nbytes >= OWN_PART_BYTES:
+        if view.nbytes >= OWN_CHUNK_BYTES:
             self._join_small()
-            self.parts.append(view)
+            self.chunks.append(view)
         else:
             self.small.append(view.tobytes())
         return view.nbytes
 
     def _join_small(self) -> None:
         if self.small:
-            self.parts.append(b"".join(self.small))
+            self.chunks.append(b"".join(self.small))
             self.small = []
 
     def flush(self) -> None:
@@ -84,13 +84,8 @@ class _Parts:
     def writable(self) -> bool:
         return True
 
-    def drain(self) -> list[Part]:
+    def drain(self) -> list[Chunk]:
         """What was written since the last drain."""
         self._join_small()
-        parts, self.parts = self.parts, []
-        return parts
-
-
-def table_batches(table: pa.Table) -> list[pa.RecordBatch]:
-    """A table's record batches (empty tables yield none)."""
-    return [b for b in table.to_batches() if b.num_rows]
+        chunks, self.chunks = self.chunks, []
+        return chunks

@@ -10,56 +10,18 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import itertools
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from app.errors import DatasetError
-from app.files import write_atomically
-from app.layouts import EpisodeRun, Layout, episode_runs_from_metadata
-
-if TYPE_CHECKING:
-    from app.views import EpisodeView
+from app.sources import EpisodeRun, Source, SourceFingerprint, schema_hash
+from app.store.atomic_files import write_atomically
 
 INDEX_FORMAT = 2
-
-
-@dataclass(frozen=True)
-class SourceFingerprint:
-    """Identity of one source file's content: any change to it invalidates that file's segment."""
-
-    path: str
-    size: int
-    mtime_ns: int
-    rows: int
-    schema_hash: str
-
-    def same_file(self, stat: os.stat_result) -> bool:
-        return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
-
-
-def schema_hash(schema: pa.Schema) -> str:
-    """Stable digest of a schema, field metadata and schema metadata included."""
-    return hashlib.sha256(schema.serialize().to_pybytes()).hexdigest()[:32]
-
-
-def fingerprint_file(root: Path, rel: str) -> tuple[SourceFingerprint, pa.Schema]:
-    """Fingerprint one source file by reading only its parquet footer."""
-    path = root / rel
-    try:
-        stat = path.stat()
-        meta = pq.read_metadata(path)
-        schema = meta.schema.to_arrow_schema()
-    except (OSError, pa.ArrowException) as exc:
-        raise DatasetError(f"source file {rel!r} is unreadable: {exc}") from exc
-    return SourceFingerprint(rel, stat.st_size, stat.st_mtime_ns, meta.num_rows, schema_hash(schema)), schema
 
 
 @dataclass
@@ -95,13 +57,6 @@ class EpisodeIndex:
             h.update(orjson.dumps(asdict(fp)))
         return h.hexdigest()[:32]
 
-    @functools.cached_property
-    def full_view(self) -> EpisodeView:
-        """The view of every episode (computed once per index snapshot)."""
-        from app.views import EpisodeView  # views build on this module
-
-        return EpisodeView.of(self)
-
     @classmethod
     def from_runs(
         cls,
@@ -132,35 +87,31 @@ class EpisodeIndex:
         ]
 
 
-def load_or_build_index(root: Path, layout: Layout, episode_column: str, index_path: Path) -> EpisodeIndex:
+def load_or_build_index(source: Source, episode_column: str, index_path: Path) -> EpisodeIndex:
     """The dataset's episode index, reusing `index_path` for every file whose fingerprint still matches."""
     previous = _read_persisted(index_path, episode_column)
     known = {fp.path: fp for fp in previous.files} if previous else {}
     files: list[SourceFingerprint] = []
     schemas: dict[str, pa.Schema] = {}
-    for rel in layout.files:
+    for rel in source.files:
         old = known.get(rel)
-        try:
-            stat = (root / rel).stat()
-        except OSError as exc:
-            raise DatasetError(f"source file {rel!r} is unreadable: {exc}") from exc
-        if old is not None and old.same_file(stat):
+        if old is not None and source.is_unchanged(old):
             files.append(old)
         else:
-            fp, schemas[rel] = fingerprint_file(root, rel)
+            fp, schemas[rel] = source.fingerprint(rel)
             files.append(fp)
     if not files:
         raise DatasetError("no parquet files found")
     if previous is not None and previous.files == files:
         return previous
 
-    schema = _unified_schema(root, files, schemas, previous)
+    schema = _unified_schema(source, files, schemas, previous)
     has_episode_column = episode_column in schema.names
     if not has_episode_column:
         runs = [EpisodeRun(0, n, 0, fp.rows) for n, fp in enumerate(files) if fp.rows]
     else:
-        runs = episode_runs_from_metadata(root, layout, [fp.rows for fp in files]) or _scan_episode_column(
-            root, files, episode_column, previous
+        runs = source.metadata_runs([fp.rows for fp in files]) or _scan_episode_column(
+            source, files, episode_column, previous
         )
     index = EpisodeIndex.from_runs(files, schema, runs, has_episode_column)
     _persist(index_path, index, episode_column)
@@ -168,14 +119,14 @@ def load_or_build_index(root: Path, layout: Layout, episode_column: str, index_p
 
 
 def _unified_schema(
-    root: Path, files: list[SourceFingerprint], schemas: dict[str, pa.Schema], previous: EpisodeIndex | None
+    source: Source, files: list[SourceFingerprint], schemas: dict[str, pa.Schema], previous: EpisodeIndex | None
 ) -> pa.Schema:
     """One schema for every segment: the first file's column order, types unified across files."""
     if previous is not None and {fp.schema_hash for fp in files} == {fp.schema_hash for fp in previous.files}:
         return previous.schema
     for fp in files:
         if fp.path not in schemas:
-            schemas[fp.path] = pq.read_schema(root / fp.path)
+            schemas[fp.path] = source.schema(fp.path)
     distinct: dict[str, pa.Schema] = {}
     for fp in files:
         distinct.setdefault(fp.schema_hash, schemas[fp.path])
@@ -198,7 +149,7 @@ def _without_dictionaries(schema: pa.Schema) -> pa.Schema:
 
 
 def _scan_episode_column(
-    root: Path, files: list[SourceFingerprint], column: str, previous: EpisodeIndex | None
+    source: Source, files: list[SourceFingerprint], column: str, previous: EpisodeIndex | None
 ) -> list[EpisodeRun]:
     """Runs of equal episode ids, found by reading only the episode column of each changed file."""
     reusable: dict[SourceFingerprint, list[EpisodeRun]] = {}
@@ -212,26 +163,8 @@ def _scan_episode_column(
         if fp in reusable:
             runs.extend(EpisodeRun(r.episode, number, r.start, r.stop) for r in reusable[fp])
             continue
-        runs.extend(_runs_in_file(root / fp.path, number, column))
+        runs.extend(source.scan_runs(number, fp.path, column))
     return runs
-
-
-def _runs_in_file(path: Path, number: int, column: str) -> list[EpisodeRun]:
-    parquet = pq.ParquetFile(path)
-    if column not in parquet.schema_arrow.names:
-        raise DatasetError(f"source file {path.name!r} has no episode column {column!r} while others do")
-    values = parquet.read(columns=[column]).column(0)
-    if not pa.types.is_integer(values.type):
-        raise DatasetError(f"episode column {column!r} must hold integers, found {values.type}")
-    if values.null_count:
-        raise DatasetError(f"episode column {column!r} of {path.name!r} has null values")
-    ids = values.to_numpy().astype(np.int64, copy=False)
-    if len(ids) == 0:
-        return []
-    if ids.min() < 0:
-        raise DatasetError(f"episode column {column!r} of {path.name!r} has negative ids")
-    bounds = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1, [len(ids)]))
-    return [EpisodeRun(int(ids[a]), number, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 def _persist(path: Path, index: EpisodeIndex, episode_column: str) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from app.errors import InvalidRequest, NotFound, TooLarge
+from app.errors import DoesNotExist, InvalidInput, OverLimit
 
 EpisodeRanges = list[tuple[int, int]]
 
@@ -22,24 +22,24 @@ _MAX_NAMED_MISSING = 20
 def parse_episode_spec(spec: str, max_chars: int) -> EpisodeRanges:
     """Parse comma-separated non-negative integers and inclusive ranges `a-b` into merged ranges."""
     if len(spec) > max_chars:
-        raise TooLarge(
+        raise OverLimit(
             f"episodes spec is {len(spec)} characters long; the limit is {max_chars} (send long lists in a POST body)",
             max_chars,
         )
     if not spec.strip():
-        raise InvalidRequest("episodes spec is empty; omit it to select every episode")
+        raise InvalidInput("episodes spec is empty; omit it to select every episode")
     ranges: EpisodeRanges = []
     for term in spec.split(","):
         match = _TERM.match(term)
         if match is None:
-            raise InvalidRequest(
+            raise InvalidInput(
                 f"invalid term {term.strip()!r} in episodes spec: expected a non-negative integer "
                 "or an inclusive range like '3-7'"
             )
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
-            raise InvalidRequest(f"invalid range {term.strip()!r} in episodes spec: end is before start")
+            raise InvalidInput(f"invalid range {term.strip()!r} in episodes spec: end is before start")
         ranges.append((first, last))
     return merge_ranges(ranges)
 
@@ -48,7 +48,7 @@ def ranges_from_ids(ids: Iterable[int]) -> EpisodeRanges:
     """Turn episode ids (any order, duplicates allowed, all >= 0) into merged ranges."""
     values = sorted(set(ids))
     if values and values[0] < 0:
-        raise InvalidRequest(f"episode ids must be non-negative, got {values[0]}")
+        raise InvalidInput(f"episode ids must be non-negative, got {values[0]}")
     return merge_ranges([(v, v) for v in values])
 
 
@@ -71,7 +71,7 @@ def format_ranges(ranges: Sequence[tuple[int, int]]) -> str:
 def resolve_episodes(ranges: EpisodeRanges, known: np.ndarray) -> np.ndarray:
     """The selected episode ids, ascending. `known` is the sorted array of existing ids.
 
-    Raises NotFound naming the missing ids (as ranges) when any selected id does not exist.
+    Raises DoesNotExist naming the missing ids (as ranges) when any selected id does not exist.
     """
     missing: EpisodeRanges = []
     chunks: list[np.ndarray] = []
@@ -87,7 +87,7 @@ def resolve_episodes(ranges: EpisodeRanges, known: np.ndarray) -> np.ndarray:
     if missing:
         named = format_ranges(missing[:_MAX_NAMED_MISSING])
         more = " and more" if len(missing) > _MAX_NAMED_MISSING else ""
-        raise NotFound(f"episodes not in this dataset: {named}{more}")
+        raise DoesNotExist(f"episodes not in this dataset: {named}{more}")
     if not chunks:
         return np.empty(0, dtype=np.int64)
     return np.concatenate(chunks).astype(np.int64, copy=False)

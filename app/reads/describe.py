@@ -6,33 +6,33 @@ from typing import Any
 
 import numpy as np
 
-from app.dataset import Dataset
+from app.store.dataset import Dataset
 
 
 def summarize_dataset(dataset: Dataset) -> dict[str, Any]:
     """Id, format, row and episode counts."""
     index = dataset.index()
-    layout = dataset.layout()
+    meta = dataset.info()
     return {
         "id": dataset.id,
-        "format": layout.format,
+        "format": meta.format,
         "rows": index.total_rows,
         "episodes": len(index.episodes) if index.has_episode_column else None,
-        "fps": layout.fps,
+        "fps": meta.fps,
     }
 
 
 def describe_dataset(dataset: Dataset) -> dict[str, Any]:
     """Everything a client needs before reading rows."""
     index = dataset.index()
-    layout = dataset.layout()
+    meta = dataset.info()
     lengths = index.episode_lengths
     return {
         **summarize_dataset(dataset),
         "episode_column": dataset.episode_column if index.has_episode_column else None,
         "columns": [{"name": f.name, "type": str(f.type)} for f in index.schema],
-        "features": layout.info.get("features") or None,
-        "tasks": {str(k): v for k, v in sorted(layout.tasks.items())},
+        "features": meta.info.get("features") or None,
+        "tasks": {str(k): v for k, v in sorted(meta.tasks.items())},
         "episode_range": [int(index.episodes[0]), int(index.episodes[-1])] if len(index.episodes) else None,
         "episode_length": {
             "min": int(lengths.min()),
@@ -50,12 +50,12 @@ def describe_dataset(dataset: Dataset) -> dict[str, Any]:
 def list_episodes(dataset: Dataset) -> list[dict[str, Any]]:
     """One entry per episode: index, length, and tasks where the format records them."""
     index = dataset.index()
-    layout = dataset.layout()
+    meta = dataset.info()
     lengths = index.episode_lengths.tolist()
     episodes = index.episodes.tolist()
-    if not layout.episode_tasks:
+    if not meta.episode_tasks:
         return [{"episode_index": e, "length": n} for e, n in zip(episodes, lengths, strict=True)]
     return [
-        {"episode_index": e, "length": n, "tasks": layout.episode_tasks.get(e, [])}
+        {"episode_index": e, "length": n, "tasks": meta.episode_tasks.get(e, [])}
         for e, n in zip(episodes, lengths, strict=True)
     ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from app.errors import InvalidRequest, TooLarge
+from app.errors import InvalidInput, OverLimit
 
 DEFAULT_TOLERANCE_S = 1e-4
 PAD_SUFFIX = "_is_pad"
@@ -50,37 +50,37 @@ def parse_windows(
 ) -> WindowSpec:
     """Validate `{column: [seconds, ...]}` and turn it into frame offsets."""
     if not delta_timestamps:
-        raise InvalidRequest("delta_timestamps is empty; omit it for no windows")
+        raise InvalidInput("delta_timestamps is empty; omit it for no windows")
     if not math.isfinite(tolerance_s) or tolerance_s < 0:
-        raise InvalidRequest(f"tolerance_s must be a finite number >= 0, got {tolerance_s}")
+        raise InvalidInput(f"tolerance_s must be a finite number >= 0, got {tolerance_s}")
     if fps is None:
-        raise InvalidRequest("this dataset has no fps, so delta_timestamps cannot be converted to frames")
+        raise InvalidInput("this dataset has no fps, so delta_timestamps cannot be converted to frames")
     offsets: dict[str, np.ndarray] = {}
     for column, deltas in delta_timestamps.items():
         if column not in schema.names:
-            raise InvalidRequest(f"delta_timestamps names unknown column {column!r}; available: {schema.names}")
+            raise InvalidInput(f"delta_timestamps names unknown column {column!r}; available: {schema.names}")
         if column.endswith(PAD_SUFFIX) and column[: -len(PAD_SUFFIX)] in delta_timestamps:
-            raise InvalidRequest(f"column {column!r} would collide with the pad mask of {column[:-7]!r}")
+            raise InvalidInput(f"column {column!r} would collide with the pad mask of {column[:-7]!r}")
         offsets[column] = _frame_offsets(column, deltas, fps, tolerance_s, max_offsets)
     return WindowSpec(offsets)
 
 
 def _frame_offsets(column: str, deltas: Sequence[float], fps: float, tolerance_s: float, limit: int) -> np.ndarray:
     if len(deltas) == 0:
-        raise InvalidRequest(f"delta_timestamps[{column!r}] is empty; give at least one offset")
+        raise InvalidInput(f"delta_timestamps[{column!r}] is empty; give at least one offset")
     if len(deltas) > limit:
-        raise TooLarge(f"delta_timestamps[{column!r}] has {len(deltas)} offsets; the limit is {limit}", limit)
+        raise OverLimit(f"delta_timestamps[{column!r}] has {len(deltas)} offsets; the limit is {limit}", limit)
     seconds = np.asarray(deltas, dtype=np.float64)
     bad = [d for d in deltas if not math.isfinite(d)]
     if bad:
-        raise InvalidRequest(f"delta_timestamps[{column!r}] holds non-finite offsets: {bad[:5]}")
+        raise InvalidInput(f"delta_timestamps[{column!r}] holds non-finite offsets: {bad[:5]}")
     frames = seconds * fps
     rounded = np.rint(frames)  # half-to-even, like Python's round() that LeRobot uses
     off_grid = np.abs(frames - rounded) / fps > tolerance_s
     if off_grid.any():
         pairs = zip(seconds[off_grid][:5].tolist(), (rounded[off_grid][:5] / fps).tolist(), strict=True)
         shown = ", ".join(f"{d!r} (nearest valid: {nearest!r})" for d, nearest in pairs)
-        raise InvalidRequest(
+        raise InvalidInput(
             f"delta_timestamps[{column!r}] has offsets off the 1/{fps:g} s frame grid "
             f"(tolerance_s={tolerance_s:g}): {shown}"
         )

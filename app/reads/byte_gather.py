@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from app.store.segments import Segment
+
 _SHORT_VALUE_BYTES = 256  # variable-width values this long on average are gathered by one fancy-index
 
 
@@ -284,3 +286,25 @@ def _fixed_array(kind: pa.DataType, length: int, data: pa.Buffer) -> pa.Array:
         child = _fixed_array(kind.value_type, length * kind.list_size, data)
         return pa.Array.from_buffers(kind, length, [None], children=[child])
     return pa.Array.from_buffers(kind, length, [None, data])
+
+
+def mapped_columns(segment: Segment, columns: list[str] | None) -> MappedColumns | None:
+    """The selected columns of `segment` located in its map (remembered by the segment); None when a column
+    cannot be copied byte-wise (see `gather_kinds`) or holds nulls."""
+
+    def locate() -> MappedColumns | None:
+        batches = segment.projected(columns)
+        kinds = gather_kinds(batches[0].schema) if batches else None
+        return None if kinds is None else MappedColumns.of(batches, kinds)
+
+    return segment.derived(("mapped-columns", None if columns is None else tuple(columns)), locate)
+
+
+def segment_part(segment: Segment, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None) -> Part | None:
+    """Stored `rows` of `segment`, going to answer `positions`, located for `gather`; None when a column cannot
+    be copied byte-wise."""
+    mapped = mapped_columns(segment, columns)
+    if mapped is None:
+        return None
+    numbers = np.searchsorted(segment.batch_offsets, rows, side="right") - 1
+    return Part(mapped, positions, numbers, rows - segment.batch_offsets[numbers])

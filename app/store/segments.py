@@ -32,15 +32,13 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 import xxhash
 from filelock import FileLock
 
 from app import metrics
-from app.episode_index import SourceFingerprint, schema_hash
 from app.errors import DatasetError
-from app.files import fsync_directory, write_atomically
-from app.gather import MappedColumns, Part, gather_kinds
+from app.sources import Source, SourceFingerprint, schema_hash
+from app.store.atomic_files import fsync_directory, write_atomically
 
 SEGMENT_FORMAT = 2
 _UNKNOWN = object()  # not looked at yet (None is an answer)
@@ -61,7 +59,6 @@ def _remembered(cache: dict[Any, V], key: Any, compute: Callable[[], V]) -> V:
 
 
 log = logging.getLogger("episerve.cache")
-_MAX_BATCH_ROWS = 65_536
 
 
 class SourceChanged(Exception):
@@ -79,7 +76,7 @@ class Segment:
     nbytes: int
     _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
     _row_bytes: dict[tuple[str, ...] | None, float] = field(default_factory=dict, repr=False)
-    _mapped_columns: dict[tuple[str, ...] | None, MappedColumns | None] = field(default_factory=dict, repr=False)
+    _derived: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._offsets_list = self.batch_offsets.tolist()
@@ -117,25 +114,9 @@ class Segment:
             self._row_bytes, key, lambda: sum(b.nbytes for b in self.projected(columns)) / max(1, self.num_rows)
         )
 
-    def mapped_columns(self, columns: list[str] | None) -> MappedColumns | None:
-        """The selected columns located in the map, for `app.gather` (remembered per selection); None when a
-        column cannot be copied byte-wise (see `app.gather.gather_kinds`) or holds nulls."""
-        key = None if columns is None else tuple(columns)
-        return _remembered(self._mapped_columns, key, lambda: self._locate_columns(columns))
-
-    def _locate_columns(self, columns: list[str] | None) -> MappedColumns | None:
-        batches = self.projected(columns)
-        kinds = gather_kinds(batches[0].schema) if batches else None
-        return None if kinds is None else MappedColumns.of(batches, kinds)
-
-    def gather_part(self, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None) -> Part | None:
-        """Stored `rows`, going to answer `positions`, located for `app.gather.gather`; None when a column
-        cannot be copied byte-wise."""
-        mapped = self.mapped_columns(columns)
-        if mapped is None:
-            return None
-        numbers = np.searchsorted(self.batch_offsets, rows, side="right") - 1
-        return Part(mapped, positions, numbers, rows - self.batch_offsets[numbers])
+    def derived(self, key: Any, compute: Callable[[], V]) -> V:
+        """What `compute` derives from this segment's maps, remembered under `key` (a few keys are kept)."""
+        return _remembered(self._derived, key, compute)
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> list[pa.RecordBatch]:
         """Rows at the given positions (ascending), gathered batch by batch so no whole column is touched."""
@@ -226,13 +207,12 @@ class SegmentStore:
     def __init__(
         self,
         directory: Path,
-        source_root: Path,
         lru: SegmentLRU,
         batch_bytes: int = 8 * 1024 * 1024,
         verify_on_open: bool = True,
     ) -> None:
         self.directory = directory
-        self.source_root = source_root
+        self.reader: Source | None = None  # the dataset's files, set (and renewed) when its index loads
         self.lru = lru
         self.batch_bytes = batch_bytes
         self.verify_on_open = verify_on_open
@@ -412,17 +392,16 @@ class SegmentStore:
             if segment is not None:
                 return segment
             paths.sidecar.unlink(missing_ok=True)
-            source_file = self.source_root / source.path
-            self._check_unchanged(source_file, source)
+            self._check_unchanged(source)
             started = time.perf_counter()
             log.info("building segment %s from %s (%d rows)", paths.arrow.name, source.path, source.rows)
             state = self.building[source.path] = BuildProgress(source.path, source.rows, started=time.time())
             try:
-                rows, nbytes, checksum = self._write_segment(source_file, paths.tmp, schema, state, progress)
+                rows, nbytes, checksum = self._write_segment(source.path, paths.tmp, schema, state, progress)
             finally:
                 self.building.pop(source.path, None)
             try:
-                self._check_unchanged(source_file, source)
+                self._check_unchanged(source)
                 if rows != source.rows:
                     raise SourceChanged(f"{source.path}: read {rows} rows, footer said {source.rows}")
             except SourceChanged:
@@ -461,20 +440,18 @@ class SegmentStore:
 
     def _write_segment(
         self,
-        source_file: Path,
+        rel: str,
         tmp: Path,
         schema: pa.Schema,
         state: BuildProgress,
         progress: ProgressCallback | None,
     ) -> tuple[int, int, str]:
-        """Stream the parquet file into an uncompressed Arrow IPC file; return rows, bytes, checksum."""
+        """Stream the source file into an uncompressed Arrow IPC file; return rows, bytes, checksum."""
         try:
-            parquet = pq.ParquetFile(source_file, buffer_size=1 << 20, pre_buffer=False)
-            batch_rows = _rows_per_batch(parquet.metadata, self.batch_bytes)
             rows = 0
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=False):
-                    writer.write_batch(conform_batch(batch, schema))
+                for batch in self._source_files().read_batches(rel, schema, self.batch_bytes):
+                    writer.write_batch(batch)
                     rows += batch.num_rows
                     state.rows_done, state.bytes_done = rows, sink.tell()
                     if progress is not None:
@@ -488,16 +465,16 @@ class SegmentStore:
             checksum = file_checksum(tmp)
         except (OSError, pa.ArrowException) as exc:
             tmp.unlink(missing_ok=True)
-            raise DatasetError(f"cannot convert {source_file.name!r}: {exc}") from exc
+            raise DatasetError(f"cannot convert {Path(rel).name!r}: {exc}") from exc
         return rows, nbytes, checksum
 
-    @staticmethod
-    def _check_unchanged(path: Path, source: SourceFingerprint) -> None:
-        try:
-            unchanged = source.same_file(path.stat())
-        except OSError:
-            unchanged = False
-        if not unchanged:
+    def _source_files(self) -> Source:
+        if self.reader is None:
+            raise RuntimeError(f"segments in {self.directory} are built before their dataset's index is loaded")
+        return self.reader
+
+    def _check_unchanged(self, source: SourceFingerprint) -> None:
+        if not self._source_files().is_unchanged(source):
             raise SourceChanged(f"{source.path} changed")
 
 
@@ -505,26 +482,3 @@ class SegmentStore:
 def _background_builds() -> ThreadPoolExecutor:
     """One builder thread per process: background builds queue up instead of competing for the CPU."""
     return ThreadPoolExecutor(1, thread_name_prefix="episerve-build")
-
-
-def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """`batch` with exactly `schema`: columns reordered, cast where types differ, nulls for missing ones."""
-    if batch.schema.equals(schema, check_metadata=False):
-        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-    arrays = []
-    for target in schema:
-        index = batch.schema.get_field_index(target.name)
-        if index < 0:
-            arrays.append(pa.nulls(batch.num_rows, target.type))
-        else:
-            column = batch.column(index)
-            arrays.append(column if column.type == target.type else column.cast(target.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _rows_per_batch(metadata: pq.FileMetaData, batch_bytes: int) -> int:
-    if metadata.num_rows == 0:
-        return 1
-    uncompressed = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
-    per_row = max(1, uncompressed // metadata.num_rows)
-    return int(max(1, min(_MAX_BATCH_ROWS, batch_bytes // per_row)))

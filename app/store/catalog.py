@@ -13,11 +13,11 @@ import threading
 import time
 from pathlib import Path
 
-from app.dataset import Dataset
-from app.errors import InvalidRequest, NotFound
-from app.layouts import is_dataset_dir
-from app.segments import SegmentLRU
+from app.errors import DoesNotExist, InvalidInput
 from app.settings import Settings
+from app.sources import is_dataset_dir
+from app.store.dataset import Dataset
+from app.store.segments import SegmentLRU
 
 _ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _RESCAN_INTERVAL_S = 5.0
@@ -30,19 +30,19 @@ class ConfigurationError(Exception):
 def validate_dataset_id(dataset_id: str) -> None:
     """Reject ids that could name anything but a directory below a root."""
     if not dataset_id:
-        raise InvalidRequest("dataset id is empty")
+        raise InvalidInput("dataset id is empty")
     if "\\" in dataset_id:
-        raise InvalidRequest(f"dataset id {dataset_id!r} must not contain backslashes")
+        raise InvalidInput(f"dataset id {dataset_id!r} must not contain backslashes")
     if dataset_id.startswith("/"):
-        raise InvalidRequest(f"dataset id {dataset_id!r} must be relative, not an absolute path")
+        raise InvalidInput(f"dataset id {dataset_id!r} must be relative, not an absolute path")
     parts = dataset_id.split("/")
     if ".." in parts or "." in parts:
-        raise InvalidRequest(f"dataset id {dataset_id!r} must not contain '.' or '..' segments")
+        raise InvalidInput(f"dataset id {dataset_id!r} must not contain '.' or '..' segments")
     if len(parts) > 2:
-        raise InvalidRequest(f"dataset id {dataset_id!r} has more than one '/' (expected 'name' or 'org/name')")
+        raise InvalidInput(f"dataset id {dataset_id!r} has more than one '/' (expected 'name' or 'org/name')")
     for part in parts:
         if not _ID_PART.match(part):
-            raise InvalidRequest(f"dataset id {dataset_id!r} is invalid: each part must match {_ID_PART.pattern}")
+            raise InvalidInput(f"dataset id {dataset_id!r} is invalid: each part must match {_ID_PART.pattern}")
 
 
 class Catalog:
@@ -84,14 +84,14 @@ class Catalog:
         return sorted(self._paths)
 
     def get(self, dataset_id: str) -> Dataset:
-        """The dataset with this id; NotFound if no root offers it."""
+        """The dataset with this id; DoesNotExist if no root offers it."""
         validate_dataset_id(dataset_id)
         if dataset_id not in self._paths and time.monotonic() - self._scanned_at > _RESCAN_INTERVAL_S:
             with contextlib.suppress(ConfigurationError):  # keep serving what was valid until the next start
                 self.scan()
         path = self._paths.get(dataset_id)
         if path is None:
-            raise NotFound(f"no dataset {dataset_id!r}; see GET /datasets for the catalog")
+            raise DoesNotExist(f"no dataset {dataset_id!r}; see GET /datasets for the catalog")
         with self._lock:
             dataset = self._datasets.get(dataset_id)
             if dataset is None or dataset.path != path:

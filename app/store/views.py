@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.episode_index import EpisodeIndex
+from app.store.episode_index import EpisodeIndex
 
 
 @dataclass(frozen=True)

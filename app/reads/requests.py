@@ -1,0 +1,153 @@
+"""What a row request asks for, defined once: the JSON bodies validate into these models, and a `GET /rows`
+query is parsed into the same `SliceRequest`, by the route and by the fast lane alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, TypeAdapter, ValidationError
+
+from app.errors import InvalidInput, OverLimit
+from app.reads.episode_spec import EpisodeRanges, parse_episode_spec, ranges_from_ids
+from app.reads.windows import DEFAULT_TOLERANCE_S, WindowRequest
+from app.settings import Settings
+
+MAX_ROW = 2**62
+_MAX_INTEGER_CHARS = 20  # longer digit strings are out of range anyway; never hand them to int()
+
+DeltaTimestamps = dict[str, list[StrictInt | StrictFloat]]
+Compression = Literal["none", "lz4", "zstd"] | None
+COMPRESSION_HELP = "Arrow IPC body compression (lz4 or zstd) for slow links; every Arrow reader decompresses it."
+_DELTA_TIMESTAMPS = TypeAdapter(DeltaTimestamps)
+EpisodeSelection = str | list[Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]] | None
+
+
+class RowSelection(BaseModel):
+    """What every row request selects: episodes, columns and optional temporal windows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: EpisodeSelection = Field(
+        None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
+    )
+    columns: list[str] | None = Field(None, description="Columns to return, in this order; absent means all.")
+    delta_timestamps: DeltaTimestamps | None = Field(
+        None,
+        description="LeRobot temporal windows: {column: [offset seconds, ...]}. Each windowed column becomes a "
+        "fixed-size list of len(offsets) values, plus a boolean `<column>_is_pad` list.",
+    )
+    tolerance_s: float = Field(
+        DEFAULT_TOLERANCE_S, ge=0, le=1e6, description="How far offsets may be off the 1/fps grid."
+    )
+    compression: Compression = Field(None, description=COMPRESSION_HELP)
+
+    def episode_ranges(self, settings: Settings) -> EpisodeRanges | None:
+        """The selected episodes as merged ranges (None: all), within the configured limits."""
+        return episode_ranges(self.episodes, settings)
+
+    def windows(self) -> WindowRequest | None:
+        return None if self.delta_timestamps is None else WindowRequest(self.delta_timestamps, self.tolerance_s)
+
+    @property
+    def codec(self) -> str | None:
+        """The IPC body compression to apply, if any."""
+        return None if self.compression in (None, "none") else self.compression
+
+
+class TakeRequest(RowSelection):
+    """Rows by position in the view of `episodes` (all episodes when absent)."""
+
+    indices: list[Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]] = Field(
+        description="View row positions; order is kept and duplicates are allowed."
+    )
+
+
+class SliceRequest(RowSelection):
+    """A contiguous slice of the view of `episodes`; `GET /rows` takes it in its query."""
+
+    start: StrictInt = Field(0, ge=0, le=MAX_ROW, description="First view row (inclusive).")
+    stop: StrictInt | None = Field(None, ge=0, le=MAX_ROW, description="End view row (exclusive); clamped.")
+
+    @classmethod
+    def from_query(cls, pairs: Iterable[tuple[str, str]]) -> SliceRequest:
+        """The request a `GET /rows` query string states (the last value of a repeated parameter counts)."""
+        given: dict[str, Any] = {}
+        for name, text in pairs:
+            given[name] = _QUERY_VALUES.get(name, _as_text)(name, text)
+        return validated(cls, given, "query")
+
+
+class WarmRequest(BaseModel):
+    """Which episodes to warm; every episode when absent."""
+
+    model_config = ConfigDict(extra="forbid")
+    episodes: EpisodeSelection = Field(
+        None, description="Episode spec ('0,3-5') or list of ids; absent means every episode."
+    )
+
+    def episode_ranges(self, settings: Settings) -> EpisodeRanges | None:
+        return episode_ranges(self.episodes, settings)
+
+
+def validated(model: type[BaseModel], document: Any, where: str) -> Any:
+    """`document` as a `model`, or `InvalidInput` naming each invalid field."""
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or where}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise InvalidInput(f"invalid {where}: {detail}") from exc
+
+
+def episode_ranges(spec: str | list[int] | None, settings: Settings) -> EpisodeRanges | None:
+    """An episode spec or id list as merged ranges, within the configured limits."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return parse_episode_spec(spec, settings.max_episode_spec_chars)
+    if len(spec) > settings.max_take_indices:
+        raise OverLimit(f"{len(spec)} episode ids; the limit is {settings.max_take_indices}", settings.max_take_indices)
+    return ranges_from_ids(spec)
+
+
+def _as_text(name: str, text: str) -> str:
+    return text
+
+
+def _as_integer(name: str, text: str) -> int | str:
+    """Digits as an int; anything else as given, for the model to reject with the parameter's name."""
+    if text.isascii() and text.isdigit():
+        if len(text) > _MAX_INTEGER_CHARS:
+            raise InvalidInput(f"{name}: {text[:24]}... is out of range (at most {MAX_ROW})")
+        return int(text)
+    return text
+
+
+def _as_float(name: str, text: str) -> float | str:
+    try:
+        return float(text) if len(text) <= 64 else text
+    except ValueError:
+        return text
+
+
+def _as_columns(name: str, text: str) -> list[str]:
+    return [c.strip() for c in text.split(",")]
+
+
+def _as_windows(name: str, text: str) -> dict:
+    try:
+        return _DELTA_TIMESTAMPS.validate_json(text)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(f"delta_timestamps must be a JSON object of column -> list of seconds: {detail}") from exc
+
+
+_QUERY_VALUES = {
+    "start": _as_integer,
+    "stop": _as_integer,
+    "tolerance_s": _as_float,
+    "columns": _as_columns,
+    "delta_timestamps": _as_windows,
+}

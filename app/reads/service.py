@@ -1,0 +1,324 @@
+"""The read service: every row read (slices, takes, windows), with its limits and ETags, for the routes, the fast
+lane, the cache commands and the CLI alike.
+
+A read resolves its episode selection to a view of the current index snapshot, checks the limits, gathers the
+rows (zero-copy slices of the memory-mapped segments, or a take: see `app.reads.takes`), applies temporal windows
+and returns an `Answer`: the schema, the record batches and the headers that describe them. Encoding the answer
+for the wire is the caller's business (`app.api.arrow_response`).
+
+`may_block=False` asks for a read that is quick enough to run on an event loop: when it would load the index,
+map or build a segment, read a source file, reload changed sources, compute the windows of a slice or gather
+more than `inline_read_bytes`, it raises `WouldBlock` before doing any of that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from app.errors import InvalidInput, OverLimit, WouldBlock
+from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episodes
+from app.reads.requests import SliceRequest, TakeRequest
+from app.reads.takes import project, take_rows
+from app.reads.windows import (
+    PAD_SUFFIX,
+    WindowRequest,
+    WindowSpec,
+    as_windows,
+    pad_column,
+    parse_windows,
+    window_targets,
+)
+from app.store.dataset import Dataset
+from app.store.episode_index import EpisodeIndex
+from app.store.views import EpisodeView
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Rows to send: `schema`, `batches` (zero-copy over the maps where possible) and their `headers`."""
+
+    schema: pa.Schema
+    batches: list[pa.RecordBatch]
+    headers: dict[str, str]
+    codec: str | None = None  # IPC body compression, if asked for
+
+
+@dataclass(frozen=True)
+class NotModified:
+    """The client's copy (If-None-Match) is current; `headers` describe it."""
+
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RowSlice:
+    """A contiguous slice of a view: zero-copy batches over the memory-mapped segments."""
+
+    schema: pa.Schema
+    batches: list[pa.RecordBatch]
+    total_rows: int
+    start: int
+    stop: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class SliceBounds:
+    """The view rows a slice resolves to, and the snapshot it was resolved on."""
+
+    total_rows: int
+    start: int
+    stop: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class RowTake:
+    """Rows picked by view index, in the order asked."""
+
+    table: pa.Table
+    total_rows: int
+    digest: str
+
+
+# -- requests ----------------------------------------------------------------------------------------------------
+
+
+def answer_slice(
+    dataset: Dataset, request: SliceRequest, if_none_match: str | None = None, may_block: bool = True
+) -> Answer | NotModified:
+    """A `GET`/`POST /rows` request: the slice, or `NotModified` when `if_none_match` names its ETag (answered
+    from the view alone: a 304 never reads or builds a segment)."""
+    limits = dataset.limits
+    ranges = request.episode_ranges(limits)
+    windows = request.windows()
+    start, stop = request.start, request.stop
+    if stop is not None and start > stop:
+        raise InvalidInput(f"start ({start}) is greater than stop ({stop})")
+
+    def headers_of(bounds: SliceBounds | RowSlice) -> dict[str, str]:
+        query = [format_ranges(ranges) if ranges else "*", bounds.start, bounds.stop]
+        query += [request.columns, windows, request.compression]
+        return {
+            "ETag": f'"{bounds.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
+            "X-Total-Rows": str(bounds.total_rows),
+            "X-Start": str(bounds.start),
+            "X-Stop": str(bounds.stop),
+            "Cache-Control": "no-cache",
+        }
+
+    if if_none_match:
+        headers = headers_of(slice_bounds(dataset, ranges, start, stop, may_block))
+        if headers["ETag"] in [tag.strip() for tag in if_none_match.split(",")]:
+            return NotModified(headers)
+    selected = read_slice(
+        dataset, ranges, start, stop, request.columns, limits.max_rows_per_response, windows, may_block
+    )
+    return Answer(selected.schema, selected.batches, headers_of(selected), request.codec)
+
+
+def answer_take(dataset: Dataset, request: TakeRequest, may_block: bool = True) -> Answer:
+    """A `POST /rows/take` request."""
+    limits = dataset.limits
+    if len(request.indices) > limits.max_take_indices:
+        raise OverLimit(
+            f"{len(request.indices)} indices asked; the limit is {limits.max_take_indices} per request",
+            limits.max_take_indices,
+        )
+    ranges = request.episode_ranges(limits)
+    taken = take(dataset, ranges, request.indices, request.columns, request.windows(), may_block)
+    batches = [b for b in taken.table.to_batches() if b.num_rows]
+    return Answer(taken.table.schema, batches, {"X-Total-Rows": str(taken.total_rows)}, request.codec)
+
+
+def files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list[int]:
+    """Source file numbers holding rows of the selected episodes (what warming them builds)."""
+    index = dataset.index()
+    return sorted(set(np.unique(view_of(dataset, index, episodes).run_file).tolist()))
+
+
+# -- rows of a view ----------------------------------------------------------------------------------------------
+
+
+def view_of(dataset: Dataset, index: EpisodeIndex, episodes: EpisodeRanges | None) -> EpisodeView:
+    """The view of the selected episodes (all when None)."""
+    if episodes is None:
+        return dataset.full_view(index)
+    if not index.has_episode_column:
+        raise InvalidInput(
+            f"dataset {dataset.id!r} has no episode column {dataset.episode_column!r}: it is one episode; "
+            "omit `episodes`"
+        )
+    return EpisodeView.of(index, resolve_episodes(episodes, index.episodes))
+
+
+def slice_bounds(
+    dataset: Dataset, episodes: EpisodeRanges | None, start: int, stop: int | None, may_block: bool = True
+) -> SliceBounds:
+    """What `read_slice` would serve, without touching any segment. The source files the slice covers are
+    checked first, so a changed file never passes for unchanged."""
+
+    def attempt(index: EpisodeIndex) -> SliceBounds:
+        view = view_of(dataset, index, episodes)
+        lo, hi = clamp(len(view), start, stop)
+        dataset.ensure_fresh(index, {file for file, _, _ in view.spans(lo, hi)})
+        return SliceBounds(len(view), lo, hi, index.digest)
+
+    return dataset.with_fresh_index(attempt, may_block)
+
+
+def read_slice(
+    dataset: Dataset,
+    episodes: EpisodeRanges | None,
+    start: int,
+    stop: int | None,
+    columns: list[str] | None,
+    max_rows: int,
+    windows: WindowRequest | None = None,
+    may_block: bool = True,
+) -> RowSlice:
+    """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches. Windowed
+    columns, when asked for, are gathered and replace the stored column in the batches."""
+
+    def attempt(index: EpisodeIndex) -> RowSlice:
+        view = view_of(dataset, index, episodes)
+        names = check_columns(index.schema, columns)
+        spec = _window_spec(dataset, index, windows)
+        total = len(view)
+        lo, hi = clamp(total, start, stop)
+        if hi - lo > max_rows:
+            raise OverLimit(
+                f"the slice holds {hi - lo} rows; the limit is {max_rows} rows per response (page with start/stop)",
+                max_rows,
+            )
+        _check_window_size(dataset, hi - lo, spec)
+        if not may_block and spec is not None:
+            raise WouldBlock("windows are computed off the event loop")
+        spans = list(view.spans(lo, hi))
+        dataset.ensure_fresh(index, {file for file, _, _ in spans})
+        base = with_window_columns(names, spec)
+        batches = [
+            piece
+            for file, first, end in spans
+            for piece in dataset.segment(index, file, may_block).slice(first, end, base)
+        ]
+        schema = project(index.schema, base)
+        if spec is not None:
+            table = pa.Table.from_batches(batches, schema)
+            table = _apply_windows(dataset, index, view, np.arange(lo, hi, dtype=np.int64), table, spec)
+            schema, batches = table.schema, table.to_batches()
+        return RowSlice(schema, batches, total, lo, hi, index.digest)
+
+    return dataset.with_fresh_index(attempt, may_block)
+
+
+def take(
+    dataset: Dataset,
+    episodes: EpisodeRanges | None,
+    rows: list[int],
+    columns: list[str] | None,
+    windows: WindowRequest | None = None,
+    may_block: bool = True,
+) -> RowTake:
+    """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included."""
+
+    def attempt(index: EpisodeIndex) -> RowTake:
+        view = view_of(dataset, index, episodes)
+        names = check_columns(index.schema, columns)
+        spec = _window_spec(dataset, index, windows)
+        wanted = np.asarray(rows, dtype=np.int64)
+        total = len(view)
+        bad = wanted[(wanted < 0) | (wanted >= total)]
+        if len(bad):
+            shown = ", ".join(map(str, bad[:10].tolist()))
+            raise InvalidInput(f"indices out of range [0, {total}): {shown}")
+        _check_window_size(dataset, len(wanted), spec)
+        table = take_rows(dataset, index, view, wanted, with_window_columns(names, spec), may_block)
+        if spec is not None:
+            table = _apply_windows(dataset, index, view, wanted, table, spec, may_block)
+        return RowTake(table, total, index.digest)
+
+    return dataset.with_fresh_index(attempt, may_block)
+
+
+# -- windows -----------------------------------------------------------------------------------------------------
+
+
+def _window_spec(dataset: Dataset, index: EpisodeIndex, windows: WindowRequest | None) -> WindowSpec | None:
+    if windows is None:
+        return None
+    return parse_windows(
+        windows.delta_timestamps,
+        fps=dataset.info().fps,
+        schema=index.schema,
+        tolerance_s=windows.tolerance_s,
+        max_offsets=dataset.limits.max_window_offsets,
+    )
+
+
+def _check_window_size(dataset: Dataset, rows: int, spec: WindowSpec | None) -> None:
+    limit = dataset.limits.max_window_values
+    if spec is not None and rows * spec.widest > limit:
+        raise OverLimit(
+            f"{rows} rows x {spec.widest} offsets is {rows * spec.widest} window values; "
+            f"the limit is {limit} per request",
+            limit,
+        )
+
+
+def _apply_windows(
+    dataset: Dataset,
+    index: EpisodeIndex,
+    view: EpisodeView,
+    rows: np.ndarray,
+    table: pa.Table,
+    spec: WindowSpec,
+    may_block: bool = True,
+) -> pa.Table:
+    """Replace each windowed column by its windows and append the `<column>_is_pad` masks."""
+    lo, hi = view.episode_bounds(rows)
+    pads = []
+    for column, offsets in spec.offsets.items():
+        targets, pad = window_targets(rows, lo, hi, offsets)
+        values = take_rows(dataset, index, view, targets.reshape(-1), [column], may_block)[column].combine_chunks()
+        position = table.schema.get_field_index(column)
+        windowed = as_windows(values, len(offsets))
+        table = table.set_column(position, pa.field(column, windowed.type), windowed)
+        pads.append((column + PAD_SUFFIX, pad_column(pad)))
+    for name, mask in pads:
+        table = table.append_column(pa.field(name, mask.type), mask)
+    return table
+
+
+# -- selections --------------------------------------------------------------------------------------------------
+
+
+def clamp(total: int, start: int, stop: int | None) -> tuple[int, int]:
+    """[start, stop) clamped to a view of `total` rows, like a Python slice of non-negative bounds."""
+    return min(start, total), total if stop is None else min(stop, total)
+
+
+def check_columns(schema: pa.Schema, columns: list[str] | None) -> list[str] | None:
+    """Validate a column selection: known names, no duplicates, not empty."""
+    if columns is None:
+        return None
+    if not columns:
+        raise InvalidInput("columns selection is empty; omit it to get every column")
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        raise InvalidInput(f"unknown columns: {', '.join(map(repr, unknown))}; available: {schema.names}")
+    duplicated = sorted({c for c in columns if columns.count(c) > 1})
+    if duplicated:
+        raise InvalidInput(f"columns listed more than once: {', '.join(map(repr, duplicated))}")
+    return columns
+
+
+def with_window_columns(columns: list[str] | None, spec: WindowSpec | None) -> list[str] | None:
+    """The selection plus any windowed column it left out (windows are always returned)."""
+    if columns is None or spec is None:
+        return columns
+    return columns + [c for c in spec.offsets if c not in columns]

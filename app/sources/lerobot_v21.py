@@ -1,0 +1,39 @@
+"""LeRobot v2.1 datasets: one parquet file per episode (`data/chunk-*/episode_NNNNNN.parquet`), metadata in
+JSON lines (`meta/tasks.jsonl`, `meta/episodes.jsonl`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from app.sources.json_files import read_jsonl
+from app.sources.parquet import ParquetSource, parquet_files
+from app.sources.source import DatasetInfo, EpisodeRun
+
+FORMAT = "lerobot-v2.1"
+_EPISODE_FILE = re.compile(r"episode_(\d+)\.parquet$")
+
+
+class LeRobotV21Source(ParquetSource):
+    """Episode runs come from the file names: each file is one whole episode."""
+
+    @classmethod
+    def open_with(cls, root: Path, info: dict[str, Any], fps: float | None) -> LeRobotV21Source:
+        dataset = DatasetInfo(FORMAT, fps, info)
+        dataset.tasks = {int(r["task_index"]): str(r["task"]) for r in read_jsonl(root / "meta/tasks.jsonl")}
+        dataset.episode_tasks = {
+            int(r["episode_index"]): list(r.get("tasks") or []) for r in read_jsonl(root / "meta/episodes.jsonl")
+        }
+        return cls(root, dataset, parquet_files(root, root / "data"))
+
+    def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
+        runs = []
+        for number, (name, rows) in enumerate(zip(self.files, file_rows, strict=True)):
+            match = _EPISODE_FILE.search(name)
+            if match is None:
+                return None
+            if rows:
+                runs.append(EpisodeRun(int(match.group(1)), number, 0, rows))
+        episodes = [r.episode for r in runs]
+        return runs if len(set(episodes)) == len(episodes) else None

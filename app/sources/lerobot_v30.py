@@ -1,0 +1,86 @@
+"""LeRobot v3.0 datasets: many episodes per parquet file (`data/chunk-*/file-*.parquet`), episode metadata in
+parquet (`meta/episodes/*/*.parquet`, with each episode's file and row range) and tasks in `meta/tasks.parquet`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from app.sources.parquet import (
+    ParquetSource,
+    parquet_column_names,
+    parquet_files,
+    read_parquet_rows,
+    read_parquet_table,
+)
+from app.sources.source import DatasetInfo, EpisodeRun
+
+FORMAT = "lerobot-v3.0"
+_STRINGS = (pa.string(), pa.large_string())
+_EPISODE_COLUMNS = ["episode_index", "data/chunk_index", "data/file_index", "dataset_from_index", "dataset_to_index"]
+
+
+class LeRobotV30Source(ParquetSource):
+    """Episode runs come from the episode metadata when it agrees with the files' row counts."""
+
+    @classmethod
+    def open_with(cls, root: Path, info: dict[str, Any], fps: float | None) -> LeRobotV30Source:
+        dataset = DatasetInfo(FORMAT, fps, info)
+        dataset.tasks = _tasks(root)
+        return cls(root, dataset, parquet_files(root, root / "data"))
+
+    def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
+        try:
+            return self._runs(file_rows)
+        except (OSError, KeyError, ValueError, TypeError):
+            return None
+
+    def _runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
+        meta_files = sorted((self.root / "meta/episodes").glob("*/*.parquet"))
+        if not meta_files:
+            return None
+        rows: list[dict[str, Any]] = []
+        for meta in meta_files:
+            tasks = ["tasks"] if "tasks" in parquet_column_names(meta) else []
+            rows.extend(read_parquet_rows(meta, [*_EPISODE_COLUMNS, *tasks]))
+        template = str(self.info.info.get("data_path") or "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
+        file_numbers = {name: n for n, name in enumerate(self.files)}
+        per_file: dict[int, list[dict[str, Any]]] = {}
+        for row in rows:
+            name = template.format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+            if name not in file_numbers:
+                return None
+            per_file.setdefault(file_numbers[name], []).append(row)
+            if row.get("tasks") is not None:
+                self.info.episode_tasks[int(row["episode_index"])] = list(row["tasks"])
+        runs: list[EpisodeRun] = []
+        for number, rows_in_file in sorted(per_file.items()):
+            rows_in_file.sort(key=lambda r: r["dataset_from_index"])
+            first = rows_in_file[0]["dataset_from_index"]
+            expected = first
+            for row in rows_in_file:
+                start, stop = row["dataset_from_index"], row["dataset_to_index"]
+                if start != expected or stop < start:
+                    return None  # not contiguous: metadata cannot be trusted for row offsets
+                expected = stop
+                if stop > start:
+                    runs.append(EpisodeRun(int(row["episode_index"]), number, start - first, stop - first))
+            if expected - first != file_rows[number]:
+                return None
+        covered = set(per_file)
+        if any(rows and n not in covered for n, rows in enumerate(file_rows)):
+            return None
+        return runs
+
+
+def _tasks(root: Path) -> dict[int, str]:
+    path = root / "meta/tasks.parquet"
+    if not path.is_file():
+        return {}
+    table = read_parquet_table(path)
+    names = [n for n in table.column_names if n != "task_index" and table.schema.field(n).type in _STRINGS]
+    if "task_index" not in table.column_names or not names:
+        return {}
+    return dict(zip(table["task_index"].to_pylist(), table[names[0]].to_pylist(), strict=True))

@@ -1,0 +1,169 @@
+"""Generic parquet datasets, and the parquet file access every format here builds on.
+
+A generic dataset is any directory of parquet files (directly in it or under `data/`); an optional
+`episerve.json` gives `fps` and `episode_column`. All parquet I/O of the server lives in this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from app.errors import DatasetError
+from app.sources.json_files import read_json
+from app.sources.source import DatasetInfo, EpisodeRun, SourceFingerprint, conform_batch, schema_hash
+
+GENERIC_SETTINGS = Path("episerve.json")
+_MAX_BATCH_ROWS = 65_536
+
+
+class ParquetSource:
+    """A dataset whose data files are parquet; subclasses read a richer format's metadata."""
+
+    def __init__(self, root: Path, info: DatasetInfo, files: list[str]) -> None:
+        self.root = root
+        self.info = info
+        self.files = files
+
+    @classmethod
+    def open(cls, root: Path) -> ParquetSource:
+        """A generic dataset: parquet files below `root`, settings from its optional `episerve.json`."""
+        info = DatasetInfo(format="parquet")
+        settings_path = root / GENERIC_SETTINGS
+        if settings_path.is_file():
+            settings = read_json(settings_path)
+            fps = settings.get("fps")
+            if fps is not None and (not isinstance(fps, int | float) or isinstance(fps, bool) or fps <= 0):
+                raise DatasetError(f"{settings_path}: fps must be a positive number, got {fps!r}")
+            column = settings.get("episode_column")
+            if column is not None and not isinstance(column, str):
+                raise DatasetError(f"{settings_path}: episode_column must be a string, got {column!r}")
+            info.fps = float(fps) if fps is not None else None
+            info.episode_column = column
+            info.info = settings
+        return cls(root, info, parquet_files(root, root))
+
+    def fingerprint(self, rel: str) -> tuple[SourceFingerprint, pa.Schema]:
+        """Fingerprint one file by reading only its parquet footer."""
+        path = self.root / rel
+        try:
+            stat = path.stat()
+            meta = pq.read_metadata(path)
+            schema = meta.schema.to_arrow_schema()
+        except (OSError, pa.ArrowException) as exc:
+            raise DatasetError(f"source file {rel!r} is unreadable: {exc}") from exc
+        return SourceFingerprint(rel, stat.st_size, stat.st_mtime_ns, meta.num_rows, schema_hash(schema)), schema
+
+    def is_unchanged(self, source: SourceFingerprint) -> bool:
+        try:
+            return source.same_file(os.stat(os.path.join(self.root, source.path)))
+        except OSError:
+            return False
+
+    def schema(self, rel: str) -> pa.Schema:
+        return pq.read_schema(self.root / rel)
+
+    def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
+        return None  # generic parquet records no episodes: the episode column is scanned
+
+    def scan_runs(self, number: int, rel: str, column: str) -> list[EpisodeRun]:
+        parquet = pq.ParquetFile(self.root / rel)
+        name = Path(rel).name
+        if column not in parquet.schema_arrow.names:
+            raise DatasetError(f"source file {name!r} has no episode column {column!r} while others do")
+        values = parquet.read(columns=[column]).column(0)
+        if not pa.types.is_integer(values.type):
+            raise DatasetError(f"episode column {column!r} must hold integers, found {values.type}")
+        if values.null_count:
+            raise DatasetError(f"episode column {column!r} of {name!r} has null values")
+        ids = values.to_numpy().astype(np.int64, copy=False)
+        if len(ids) == 0:
+            return []
+        if ids.min() < 0:
+            raise DatasetError(f"episode column {column!r} of {name!r} has negative ids")
+        bounds = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1, [len(ids)]))
+        return [EpisodeRun(int(ids[a]), number, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+        parquet = pq.ParquetFile(self.root / rel, buffer_size=1 << 20, pre_buffer=False)
+        batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
+        for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=False):
+            yield conform_batch(batch, schema)
+
+    def row_groups(self, rel: str) -> ParquetRowGroups:
+        return ParquetRowGroups(self.root / rel)
+
+
+class ParquetRowGroups:
+    """Row-group geometry of one parquet file, read from its footer, and reads of whole row groups."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = pq.ParquetFile(path)
+        metadata = self.file.metadata
+        counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self.sizes = np.array([metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)])
+
+    def read(self, groups: list[int], schema: pa.Schema) -> pa.Table:
+        table = self.file.read_row_groups(groups, use_threads=False)
+        return pa.Table.from_batches([conform_batch(b, schema) for b in table.to_batches()], schema=schema)
+
+
+def parquet_files(root: Path, under: Path) -> list[str]:
+    """Parquet files below `under` (no hidden dirs, no symlinks leaving `root`), relative to `root`, sorted."""
+    if not under.is_dir():
+        return []
+    real_root = root.resolve()
+    found = []
+    for path in under.rglob("*.parquet"):
+        rel = path.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts) or rel.parts[0] == "meta":
+            continue
+        if not path.resolve().is_relative_to(real_root) or not path.is_file():
+            continue
+        found.append(rel.as_posix())
+    return sorted(found)
+
+
+def has_parquet_files(path: Path) -> bool:
+    """Parquet files directly in `path` or anywhere under its `data/`."""
+    if any(p.suffix == ".parquet" and p.is_file() for p in _safe_iterdir(path)):
+        return True
+    data = path / "data"
+    return data.is_dir() and any(data.rglob("*.parquet"))
+
+
+def read_parquet_rows(path: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """The given columns of a (small, metadata) parquet file as Python rows."""
+    return pq.read_table(path, columns=columns).to_pylist()
+
+
+def read_parquet_table(path: Path) -> pa.Table:
+    """A whole (small, metadata) parquet file."""
+    return pq.read_table(path)
+
+
+def parquet_column_names(path: Path) -> list[str]:
+    return pq.read_schema(path).names
+
+
+def _rows_per_batch(metadata: pq.FileMetaData, batch_bytes: int) -> int:
+    if metadata.num_rows == 0:
+        return 1
+    uncompressed = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    per_row = max(1, uncompressed // metadata.num_rows)
+    return int(max(1, min(_MAX_BATCH_ROWS, batch_bytes // per_row)))
+
+
+def _safe_iterdir(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []

@@ -1,0 +1,122 @@
+"""What every source format gives the store: its files, their fingerprints and schemas, episode runs, and
+record batches.
+
+A `Source` is a snapshot of one dataset directory, read when the dataset's index is (re)loaded: the format's
+metadata and the list of its data files. Everything else reads one file at a time, by its path relative to the
+dataset directory, and never holds a whole file in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class EpisodeRun:
+    """Rows [start, stop) of source file number `file` belong to `episode`."""
+
+    episode: int
+    file: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class SourceFingerprint:
+    """Identity of one source file's content: any change to it invalidates that file's segment."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    rows: int
+    schema_hash: str
+
+    def same_file(self, stat: os.stat_result) -> bool:
+        return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
+
+
+@dataclass
+class DatasetInfo:
+    """What a dataset's metadata says, as far as serving it needs."""
+
+    format: str  # "lerobot-v3.0", "lerobot-v2.1" or "parquet"
+    fps: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[int, str] = field(default_factory=dict)
+    episode_tasks: dict[int, list[str]] = field(default_factory=dict)
+    episode_column: str | None = None  # overrides the server-wide default (generic datasets, `episerve.json`)
+
+
+class RowGroups(Protocol):
+    """Random access to one source file by row group (the unit a columnar file decodes)."""
+
+    offsets: np.ndarray  # first row of each row group, plus the file's row count at the end
+    sizes: np.ndarray  # decoded bytes of each row group
+
+    def read(self, groups: list[int], schema: pa.Schema) -> pa.Table:
+        """The rows of `groups` (ascending), conformed to `schema`."""
+        ...
+
+
+class Source(Protocol):
+    """One dataset directory in one format. Implementations: `app.sources.parquet` and the LeRobot formats."""
+
+    root: Path
+    info: DatasetInfo
+    files: list[str]  # data files, relative POSIX paths, in stored order
+
+    def fingerprint(self, rel: str) -> tuple[SourceFingerprint, pa.Schema]:
+        """The file's identity and schema, read from as little of it as the format allows."""
+        ...
+
+    def is_unchanged(self, source: SourceFingerprint) -> bool:
+        """Whether the file still is what `source` fingerprinted (cheap: a stat)."""
+        ...
+
+    def schema(self, rel: str) -> pa.Schema:
+        """The file's Arrow schema."""
+        ...
+
+    def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
+        """Episode runs from the format's metadata, checked against the files' row counts; None if unusable."""
+        ...
+
+    def scan_runs(self, number: int, rel: str, column: str) -> list[EpisodeRun]:
+        """Episode runs of file `number`, found by reading only its episode `column`."""
+        ...
+
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+        """Every row of the file in stored order, as batches of about `batch_bytes` conformed to `schema`."""
+        ...
+
+    def row_groups(self, rel: str) -> RowGroups:
+        """The file's row groups, for reading a few rows without decoding the whole file."""
+        ...
+
+
+def schema_hash(schema: pa.Schema) -> str:
+    """Stable digest of a schema, field metadata and schema metadata included."""
+    return hashlib.sha256(schema.serialize().to_pybytes()).hexdigest()[:32]
+
+
+def conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """`batch` with exactly `schema`: columns reordered, cast where types differ, nulls for missing ones."""
+    if batch.schema.equals(schema, check_metadata=False):
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    arrays = []
+    for target in schema:
+        index = batch.schema.get_field_index(target.name)
+        if index < 0:
+            arrays.append(pa.nulls(batch.num_rows, target.type))
+        else:
+            column = batch.column(index)
+            arrays.append(column if column.type == target.type else column.cast(target.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,0 +1,186 @@
+"""A served dataset as the store holds it: its source, its episode index snapshot and its segments.
+
+Every read works on one snapshot of the episode index. Source files a read touches are checked against the
+snapshot's fingerprints first; when one changed, the index is reloaded and the read starts over, so a stale
+row is never served. Reads that must not block (see `app.reads`) say so with `may_block=False`: then anything
+that would load, map, build or reload raises `WouldBlock` before doing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from app.errors import TryLater, WouldBlock
+from app.settings import Settings
+from app.sources import DatasetInfo, Source, open_source
+from app.store.cold_reads import ColdRows
+from app.store.episode_index import EpisodeIndex, load_or_build_index
+from app.store.segments import BuildProgress, ProgressCallback, Segment, SegmentLRU, SegmentStore, SourceChanged
+from app.store.views import EpisodeView
+
+_ATTEMPTS = 3
+T = TypeVar("T")
+
+RowSource = Segment | ColdRows  # where a read finds a file's rows: its segment, or (cold) the source file
+
+
+class Dataset:
+    """One dataset directory under a root, with its cache directory."""
+
+    def __init__(
+        self,
+        dataset_id: str,
+        path: Path,
+        cache_dir: Path,
+        episode_column: str,
+        lru: SegmentLRU,
+        limits: Settings,
+    ) -> None:
+        self.id = dataset_id
+        self.path = path
+        self.cache_dir = cache_dir
+        self.default_episode_column = episode_column
+        self.episode_column = episode_column
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._source: Source | None = None
+        self._index: EpisodeIndex | None = None
+        self._full_view: EpisodeView | None = None
+        self.segments = SegmentStore(cache_dir / "segments", lru, limits.build_batch_bytes, limits.verify_on_open)
+
+    @staticmethod
+    def cache_key(dataset_id: str, path: Path) -> str:
+        """Directory name of the dataset's cache: readable, and distinct for distinct source directories."""
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+        return f"{dataset_id.replace('/', '__')}-{digest}"
+
+    # -- the index snapshot --------------------------------------------------------------------------------------
+
+    def info(self) -> DatasetInfo:
+        """What the dataset's metadata says (as of the current index)."""
+        self.index()
+        assert self._source is not None
+        return self._source.info
+
+    def index(self) -> EpisodeIndex:
+        """The current episode index snapshot, opened on first use."""
+        with self._lock:
+            if self._index is None:
+                source = open_source(self.path)
+                self.episode_column = source.info.episode_column or self.default_episode_column
+                index = load_or_build_index(source, self.episode_column, self.cache_dir / "index.json")
+                self._source, self._index, self._full_view = source, index, EpisodeView.of(index)
+                self.segments.reader = source
+            return self._index
+
+    def reload(self, seen: EpisodeIndex | None = None) -> EpisodeIndex:
+        """Re-read the directory and fingerprints (unless another thread already replaced `seen`)."""
+        with self._lock:
+            if seen is None or self._index is seen:
+                self._index = None
+        return self.index()
+
+    def full_view(self, index: EpisodeIndex) -> EpisodeView:
+        """The view of every episode of `index` (computed once per snapshot)."""
+        full = self._full_view
+        return full if full is not None and self._index is index else EpisodeView.of(index)
+
+    def with_fresh_index(self, attempt: Callable[[EpisodeIndex], T], may_block: bool = True) -> T:
+        """`attempt` on the current index, reloaded and retried when a source file changed under it."""
+        index = self._index
+        if index is None:
+            if not may_block:
+                raise WouldBlock(f"the index of dataset {self.id!r} is not loaded yet")
+            index = self.index()
+        for _ in range(_ATTEMPTS):
+            try:
+                return attempt(index)
+            except SourceChanged:
+                if not may_block:
+                    raise WouldBlock(f"a source file of dataset {self.id!r} changed") from None
+                index = self.reload(index)
+        raise TryLater(f"source files of dataset {self.id!r} keep changing; retry later")
+
+    def ensure_fresh(self, index: EpisodeIndex, files: Iterable[int]) -> None:
+        """Raise `SourceChanged` when any of the source `files` is no longer what `index` fingerprinted."""
+        source = self._source
+        assert source is not None, "an index snapshot comes with its source"
+        for number in files:
+            fingerprint = index.files[number]
+            if not source.is_unchanged(fingerprint):
+                raise SourceChanged(fingerprint.path)
+
+    # -- rows of the files ---------------------------------------------------------------------------------------
+
+    def segment(self, index: EpisodeIndex, number: int, may_block: bool = True) -> Segment:
+        """The segment of source file `number`, built first if needed; without `may_block`, only if this process
+        has it mapped already (else `WouldBlock`)."""
+        source = index.files[number]
+        if may_block:
+            return self.segments.open(source, index.schema)
+        segment = self.segments.opened(source)
+        if segment is None:
+            raise WouldBlock(f"segment of {source.path} is not mapped yet")
+        return segment
+
+    def row_sources(self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
+        """Per touched file, its segment; or, while the segment is not built yet, its rows read cold from the
+        source (if they fit the cold-read budget) with a build queued in the background."""
+        budget = self.limits.cold_read_bytes
+        sources: dict[int, RowSource] = {}
+        for number in np.unique(files).tolist():
+            source = index.files[number]
+            segment = self.segments.open_if_built(source, index.schema) if budget else None
+            if segment is None and budget:
+                try:
+                    cold = ColdRows(self._source, source.path)  # type: ignore[arg-type]
+                except (OSError, pa.ArrowException) as exc:
+                    raise SourceChanged(source.path) from exc
+                cost = cold.row_group_bytes(stored[files == number])
+                if cost <= budget:
+                    budget -= cost
+                    sources[number] = cold
+                    self.segments.build_in_background(source, index.schema)
+                    continue
+            sources[number] = segment or self.segments.open(source, index.schema)
+        return sources
+
+    @staticmethod
+    def cold_take(index: EpisodeIndex, cold: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+        """Stored `rows` (ascending) of a file read cold; `SourceChanged` when the file changed under us."""
+        try:
+            return cold.take(rows, index.schema, names)
+        except (OSError, IndexError, pa.ArrowException) as exc:
+            raise SourceChanged(cold.path) from exc
+
+    # -- the cache -----------------------------------------------------------------------------------------------
+
+    def build(self, number: int, progress: ProgressCallback | None = None) -> Segment:
+        """Build (or open) the segment of source file `number` of the current index."""
+        index = self.index()
+        return self.segments.open(index.files[number], index.schema, progress)
+
+    def unbuilt_rows(self, numbers: Iterable[int]) -> int:
+        """Rows of the given source files whose segments are not built yet (cheap: no read)."""
+        index = self.index()
+        return sum(
+            index.files[n].rows for n in numbers if self.segments.built_size(index.files[n], index.schema) is None
+        )
+
+    def builds_in_progress(self) -> list[BuildProgress]:
+        """Builds of this dataset's segments under way in this process."""
+        return list(self.segments.building.values())
+
+    def cache_status(self) -> dict[str, Any]:
+        """Segments built / total and their bytes on disk."""
+        index = self.index()
+        sizes = [self.segments.built_size(fp, index.schema) for fp in index.files]
+        built = [size for size in sizes if size is not None]
+        return {"segments_built": len(built), "segments_total": len(index.files), "bytes": sum(built)}
