@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.deps import check_json_content_type, decode_json_body
+from app.api.deps import PARSED_REQUEST, TOKEN_ACCEPTED, check_json_content_type, decode_json_body
 from app.api.rows import to_response
 from app.auth import TokenCheck
 from app.errors import ProblemError, WouldBlock
@@ -37,7 +37,6 @@ from app.reads.service import answer_slice, answer_take
 
 _TAKE_SUFFIX = "/rows/take"
 _SLICE_SUFFIX = "/rows"
-PARSED_REQUEST = "episerve.request"  # scope key: the request as parsed here, so the route need not parse it again
 
 
 class FastLane:
@@ -90,9 +89,12 @@ class FastLane:
         await response(scope, receive, send)
 
     def _accepted(self, scope: Scope) -> bool:
-        return getattr(self.state, "catalog", None) is not None and (
-            self.state.token_verifier.check(Headers(scope=scope).get("authorization")) is TokenCheck.OK
-        )
+        """A loaded catalog and an accepted token (remembered in the scope: the route does not check it again)."""
+        if getattr(self.state, "catalog", None) is None:
+            return False
+        accepted = self.state.token_verifier.check(Headers(scope=scope).get("authorization")) is TokenCheck.OK
+        scope[TOKEN_ACCEPTED] = accepted
+        return accepted
 
     def _quick(
         self, scope: Scope, child_scope: Scope, parse: Callable[[], SliceRequest | TakeRequest]

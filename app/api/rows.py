@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.routing import APIRoute
 
 from app.api.arrow_response import arrow_response
-from app.api.deps import get_dataset, json_body_schema, read_json_body, run_read
+from app.api.deps import PARSED_REQUEST, get_dataset, json_body_schema, read_json_body, run_read
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
 from app.reads.requests import SliceRequest, TakeRequest
 from app.reads.service import Answer, answer_slice, answer_take
@@ -74,7 +74,7 @@ def _take(dataset: Dataset, request: TakeRequest) -> Response:
     openapi_extra=_query_parameters(SliceRequest),
 )
 async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
-    selection = request.scope.get("episerve.request") or SliceRequest.from_query(request.query_params.multi_items())
+    selection = request.scope.get(PARSED_REQUEST) or SliceRequest.from_query(request.query_params.multi_items())
     return await run_read(request, _slice, dataset, selection, request.headers.get("if-none-match"))
 
 
@@ -98,7 +98,7 @@ async def read_rows_with_body(request: Request, dataset: Dataset = Depends(get_d
     openapi_extra=json_body_schema(TakeRequest),
 )
 async def take_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
-    body = request.scope.get("episerve.request") or await read_json_body(
+    body = request.scope.get(PARSED_REQUEST) or await read_json_body(
         request, TakeRequest, dataset.limits.max_body_bytes
     )
     return await run_read(request, _take, dataset, body)
