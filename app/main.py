@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.api import cache, datasets, health, rows
 from app.api.deps import require_token
+from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers
@@ -57,6 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Episode-filtered rows of LeRobot-style parquet datasets as Arrow IPC streams.",
         default_response_class=OrjsonResponse,
         lifespan=lifespan,
+        docs_url=None,  # served by app.api.docs with local assets instead of a CDN's
+        redoc_url=None,
         # episerve reports through its own metrics and access log; FastAPI's OpenTelemetry hooks would look up
         # the global providers on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
@@ -68,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ObservabilityMiddleware)  # added last, so outermost: it sees the fast lane's responses too
     install_problem_handlers(app)
     protected = [Depends(require_token)]
+    install_docs(app)
     app.include_router(health.router)
     app.include_router(rows.router, dependencies=protected)
     app.include_router(cache.router, dependencies=protected)
