@@ -17,7 +17,7 @@ from app.api.deps import require_token
 from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
-from app.api.problems import OrjsonResponse, install_problem_handlers
+from app.api.problems import OrjsonResponse, install_problem_handlers, install_problem_schema, problem_responses
 from app.auth import TokenVerifier
 from app.catalog import Catalog
 from app.demo import ensure_demo_dataset
@@ -70,12 +70,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(FastLane, state=app.state, take_route=rows.take_route(), slice_route=rows.slice_route())
     app.add_middleware(ObservabilityMiddleware)  # added last, so outermost: it sees the fast lane's responses too
     install_problem_handlers(app)
+    install_problem_schema(app)
     protected = [Depends(require_token)]
+    # Every data endpoint may answer these: a missing or wrong token, invalid input, and a catalog still loading
+    # or a dataset unreadable.
+    guarded = problem_responses(401, 403, 422, 503)
     install_docs(app)
     app.include_router(health.router)
-    app.include_router(rows.router, dependencies=protected)
-    app.include_router(cache.router, dependencies=protected)
-    app.include_router(datasets.router, dependencies=protected)
+    app.include_router(rows.router, dependencies=protected, responses=guarded)
+    app.include_router(cache.router, dependencies=protected, responses=guarded)
+    app.include_router(datasets.router, dependencies=protected, responses=guarded)
     return app
 
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import get_dataset, get_settings, json_body_schema, read_json_body
-from app.api.problems import OrjsonResponse
+from app.api.problems import OrjsonResponse, problem_responses
 from app.api.rows import episode_ranges
 from app.dataset import Dataset
 from app.settings import Settings
@@ -51,7 +51,11 @@ def cache_report(dataset: Dataset, warmer: Warmer) -> dict[str, Any]:
     }
 
 
-@router.get("/datasets/{dataset_id:path}/cache", summary="Cache status: segments built, bytes, builds in progress")
+@router.get(
+    "/datasets/{dataset_id:path}/cache",
+    summary="Cache status: segments built, bytes, builds in progress",
+    responses=problem_responses(404),
+)
 def cache_status(dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depends(get_warmer)) -> dict[str, Any]:
     return cache_report(dataset, warmer)
 
@@ -60,6 +64,7 @@ def cache_status(dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depen
     "/datasets/{dataset_id:path}/cache",
     summary="Start warming the cache (all or some episodes) in the background",
     status_code=202,
+    responses=problem_responses(400, 404, 413, 415),
     openapi_extra=json_body_schema(WarmRequest, required=False),
 )
 async def warm_cache(
