@@ -7,6 +7,7 @@ environment, since each uvicorn worker builds its app from it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from app import __version__
 from app.settings import Settings
 
 if TYPE_CHECKING:  # imported lazily below: app.metrics must load after PROMETHEUS_MULTIPROC_DIR is set
@@ -25,6 +27,7 @@ if TYPE_CHECKING:  # imported lazily below: app.metrics must load after PROMETHE
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="episerve-server", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the datasets below the roots (the demo dataset if none)")
@@ -45,10 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--rebuild", action="store_true", help="rebuild damaged segments instead of only reporting")
 
     demo = commands.add_parser("demo", help="write a LeRobot-format demo dataset")
-    demo.add_argument("--out", type=Path, required=True, help="directory to create")
-    demo.add_argument("--format", default="v3.0", choices=["v3.0", "v2.1"])
-    demo.add_argument("--episodes", type=int, default=200)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", type=Path, required=True, help="directory to create (must not exist or be empty)")
+    demo.add_argument(
+        "--format", default="v3.0", choices=["v3.0", "v2.1"], help="LeRobot codebase version (default v3.0)"
+    )
+    demo.add_argument("--episodes", type=int, default=200, help="number of episodes, 1-160 frames each (default 200)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same data (default 0)")
     return parser
 
 
@@ -166,6 +171,9 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     from app.reads.service import files_needed
     from app.store.warming import warm
 
+    if args.dataset not in catalog.ids():
+        print(f"episerve-server warm: {unknown_dataset(catalog, args.dataset)}", file=sys.stderr)
+        return 2
     try:
         dataset = catalog.get(args.dataset)
         ranges = parse_episode_spec(args.episodes, 10**9) if args.episodes else None
@@ -188,10 +196,38 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     return 0
 
 
+def unknown_dataset(catalog: Catalog, dataset_id: str) -> str:
+    """Why `dataset_id` was not found: the roots searched and the closest ids offered."""
+    roots = ", ".join(str(root) for root in catalog.roots)
+    message = f"no dataset {dataset_id!r} below the roots searched ({roots})"
+    close = close_ids(dataset_id, catalog.ids())
+    if close:
+        return f"{message}; did you mean {', '.join(map(repr, close))}?"
+    offered = catalog.ids()
+    if not offered:
+        return f"{message}; they offer none"
+    more = f" and {len(offered) - 10} more" if len(offered) > 10 else ""
+    return f"{message}; they offer {', '.join(map(repr, offered[:10]))}{more}"
+
+
+def close_ids(dataset_id: str, offered: list[str]) -> list[str]:
+    """Up to three offered ids like `dataset_id`, whole or by last component (`pusht` finds `lerobot/pusht`)."""
+    by_name: dict[str, list[str]] = {}
+    for candidate in offered:
+        by_name.setdefault(candidate.rsplit("/", 1)[-1], []).append(candidate)
+    close = difflib.get_close_matches(dataset_id, offered, n=3, cutoff=0.8)
+    for name in difflib.get_close_matches(dataset_id.rsplit("/", 1)[-1], list(by_name), n=3, cutoff=0.8):
+        close += [candidate for candidate in by_name[name] if candidate not in close]
+    return close[:3]
+
+
 def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
     from app.errors import ProblemError
     from app.store.verify import verify
 
+    if args.dataset and args.dataset not in catalog.ids():
+        print(f"episerve-server verify: {unknown_dataset(catalog, args.dataset)}", file=sys.stderr)
+        return 2
     ids = [args.dataset] if args.dataset else catalog.ids()
     damaged_left = 0
     for dataset_id in ids:

@@ -1,4 +1,8 @@
-"""Logging setup: plain text or one JSON object per line (`EPISERVE_LOG_FORMAT=json`)."""
+"""Logging setup: plain text or one JSON object per line (`EPISERVE_LOG_FORMAT=json`).
+
+Every text line is one record: control characters in a message (a request path may carry a decoded `%0a`) are
+escaped, so a client cannot forge or split log lines, nor send terminal escape sequences to an operator's screen.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,26 @@ import time
 import orjson
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+# uvicorn's copy of its message with ANSI colour codes: noise in a log collector.
+_DROPPED = {"color_message"}
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_CONTROL = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]
+_ESCAPES = {
+    code: _NAMED_ESCAPES.get(chr(code), f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}") for code in _CONTROL
+}
+
+
+def escape_control(text: str) -> str:
+    """`text` with C0/C1 control characters, DEL and Unicode line separators written as escapes (`\\n`, `\\x1b`)."""
+    return text.translate(_ESCAPES)
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message`, the message on one line whatever it contains."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_control(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):
@@ -21,7 +45,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        document.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        document.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in _DROPPED})
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(document, default=str).decode()
@@ -33,7 +57,7 @@ def configure_logging(level: str, log_format: str) -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -41,3 +65,5 @@ def configure_logging(level: str, log_format: str) -> None:
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").disabled = True  # episerve.access logs every request instead
+    # filelock writes four DEBUG lines per segment lock: they would drown the row reads `debug` is set to show.
+    logging.getLogger("filelock").setLevel(max(logging.INFO, root.level))

@@ -14,9 +14,10 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.api import cache, datasets, health, rows
 from app.api.deps import require_token
+from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
-from app.api.problems import OrjsonResponse, install_problem_handlers
+from app.api.problems import OrjsonResponse, install_problem_handlers, install_problem_schema, problem_responses
 from app.auth import TokenVerifier
 from app.demo import ensure_demo_dataset
 from app.logs import configure_logging
@@ -57,6 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Episode-filtered rows of LeRobot-style parquet datasets as Arrow IPC streams.",
         default_response_class=OrjsonResponse,
         lifespan=lifespan,
+        docs_url=None,  # served by app.api.docs with local assets instead of a CDN's
+        redoc_url=None,
         # episerve reports through its own metrics and access log; FastAPI's OpenTelemetry hooks would look up
         # the global providers on every request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
@@ -67,11 +70,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(FastLane, state=app.state, take_route=rows.take_route(), slice_route=rows.slice_route())
     app.add_middleware(ObservabilityMiddleware)  # added last, so outermost: it sees the fast lane's responses too
     install_problem_handlers(app)
+    install_problem_schema(app)
     protected = [Depends(require_token)]
+    # Every data endpoint may answer these: a missing or wrong token, invalid input, and a catalog still loading
+    # or a dataset unreadable.
+    guarded = problem_responses(401, 403, 422, 503)
+    install_docs(app)
     app.include_router(health.router)
-    app.include_router(rows.router, dependencies=protected)
-    app.include_router(cache.router, dependencies=protected)
-    app.include_router(datasets.router, dependencies=protected)
+    app.include_router(rows.router, dependencies=protected, responses=guarded)
+    app.include_router(cache.router, dependencies=protected, responses=guarded)
+    app.include_router(datasets.router, dependencies=protected, responses=guarded)
     return app
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pyarrow.parquet as pq
 
+from app import __version__
 from app.demo import write_demo_dataset
 from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
 from tests.test_operations import run_cli
@@ -69,3 +70,41 @@ def test_serve_without_roots_serves_the_demo_dataset(tmp_path: Path) -> None:
     demo = tmp_path / "cache" / "demo-root" / "demo"
     assert_tables_equal(rows, oracle(demo, [4, 9]))
     assert pq.read_metadata(sorted(demo.rglob("file-000.parquet"))[0]).num_rows > 0
+
+
+def test_version_flag_prints_the_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"episerve-server {__version__}"
+
+
+def test_every_demo_option_has_help_text() -> None:
+    result = run_cli("demo", "--help")
+    assert result.returncode == 0
+    help_lines = " ".join(result.stdout.split())
+    for option, words in {
+        "--out OUT": "directory to create",
+        "--format {v3.0,v2.1}": "LeRobot codebase version (default v3.0)",
+        "--episodes EPISODES": "number of episodes",
+        "--seed SEED": "random seed",
+    }.items():
+        assert f"{option} {words}" in help_lines, option
+
+
+def test_unknown_dataset_names_the_roots_searched_and_close_ids(tmp_path: Path) -> None:
+    for name in ("pusht", "aloha"):
+        write_demo_dataset(tmp_path / "root" / "lerobot" / name, episodes=2)
+    root, cache = str(tmp_path / "root"), str(tmp_path / "cache")
+    warm = run_cli("warm", "lerobot/push", "--root", root, "--cache-dir", cache)
+    assert warm.returncode == 2
+    assert warm.stderr.strip() == (
+        f"episerve-server warm: no dataset 'lerobot/push' below the roots searched ({root}); "
+        "did you mean 'lerobot/pusht'?"
+    )
+    by_name = run_cli("warm", "pushT", "--root", root, "--cache-dir", cache)
+    assert by_name.returncode == 2 and by_name.stderr.strip().endswith("did you mean 'lerobot/pusht'?")
+    verify = run_cli("verify", "nosuch", "--root", root, "--cache-dir", cache)
+    assert verify.returncode == 2
+    assert verify.stderr.strip() == (
+        f"episerve-server verify: no dataset 'nosuch' below the roots searched ({root}); "
+        "they offer 'lerobot/aloha', 'lerobot/pusht'"
+    )

@@ -170,7 +170,7 @@ def test_verify_detects_damage_and_rebuilds_and_server_never_serves_it(
 
 
 def test_json_request_log_has_one_line_per_request(demo_root: Path, tmp_path: Path) -> None:
-    env = {"EPISERVE_LOG_FORMAT": "json", "EPISERVE_LOG_LEVEL": "info"}
+    env = {"EPISERVE_LOG_FORMAT": "json", "EPISERVE_LOG_LEVEL": "debug"}
     server = ServerProcess([demo_root], tmp_path / "cache", env=env)
     server.start()
     try:
@@ -180,12 +180,45 @@ def test_json_request_log_has_one_line_per_request(demo_root: Path, tmp_path: Pa
         server.stop()
     lines = [json.loads(line) for line in server.log_path.read_text().splitlines() if line.startswith("{")]
     access = [line for line in lines if line["logger"] == "episerve.access" and "/rows" in line["path"]]
-    assert [a["status"] for a in access] == [200, 422]
+    assert [(a["status"], a["level"]) for a in access] == [(200, "debug"), (422, "info")]
     ok = access[0]
     assert ok["method"] == "GET" and ok["rows"] == oracle(demo_root / "demo", [4]).num_rows
     assert ok["bytes"] > 0 and ok["duration_ms"] > 0 and ok["client"].startswith("127.0.0.1:")
     builds = [line for line in lines if line["logger"] == "episerve.cache"]
     assert any("built segment" in b["message"] and "MB" in b["message"] for b in builds)
+    assert any(line["logger"].startswith("uvicorn") for line in lines)
+    assert not [line for line in lines if "color_message" in line]
+
+
+def test_row_reads_are_debug_lines_and_other_requests_info(demo_root: Path, tmp_path: Path) -> None:
+    server = ServerProcess([demo_root], tmp_path / "cache", env={"EPISERVE_LOG_LEVEL": "info"})
+    with server, httpx.Client(base_url=server.url) as http:
+        assert http.get("/datasets/demo/rows", params={"episodes": "4"}).status_code == 200
+        assert http.post("/datasets/demo/rows", json={"episodes": "4"}).status_code == 200
+        assert http.post("/datasets/demo/rows/take", json={"indices": [0, 1]}).status_code == 200
+        assert http.get("/datasets/demo/rows", params={"episodes": "99999"}).status_code == 404
+        assert http.get("/datasets").status_code == 200
+    log = server.log_path.read_text().splitlines()
+    access = [line for line in log if " episerve.access: " in line and "/readyz" not in line]
+    assert [line.split(" episerve.access: ")[1].split(" rows=")[0] for line in access] == [
+        "GET /datasets/demo/rows?episodes=99999 404",
+        "GET /datasets 200",
+    ]
+    assert all(" INFO " in line for line in access)
+    assert all(" client=127.0.0.1:" in line for line in access)
+
+
+def test_text_log_escapes_control_characters_in_requests(demo_root: Path, tmp_path: Path) -> None:
+    forged = "2026-01-01 00:00:00,000 INFO episerve.access: GET /admin 200"
+    server = ServerProcess([demo_root], tmp_path / "cache", env={"EPISERVE_LOG_LEVEL": "info"})
+    with server, httpx.Client(base_url=server.url) as http:
+        path = "/x%0a" + forged.replace(" ", "%20") + "%0d%1b[31m%7f%c2%85"
+        assert http.get(path).status_code == 404
+    lines = server.log_path.read_text().splitlines()
+    assert not [line for line in lines if line.startswith("2026-01-01")]
+    access = [line for line in lines if " episerve.access: GET /x" in line]
+    assert len(access) == 1
+    assert "GET /x\\n" + forged + "\\r\\x1b[31m\\x7f\\x85 404 " in access[0]
 
 
 def tree_digest(root: Path) -> str:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import get_dataset, json_body_schema, read_json_body
-from app.api.problems import OrjsonResponse
+from app.api.problems import OrjsonResponse, problem_responses
 from app.reads.requests import WarmRequest
 from app.reads.service import files_needed
 from app.store.dataset import Dataset
@@ -46,7 +46,11 @@ def _start_warming(dataset: Dataset, warmer: Warmer, request: WarmRequest) -> di
     return cache_report(dataset, warmer)
 
 
-@router.get("/datasets/{dataset_id:path}/cache", summary="Cache status: segments built, bytes, builds in progress")
+@router.get(
+    "/datasets/{dataset_id:path}/cache",
+    summary="Cache status: segments built, bytes, builds in progress",
+    responses=problem_responses(404),
+)
 def cache_status(dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depends(get_warmer)) -> dict[str, Any]:
     return cache_report(dataset, warmer)
 
@@ -55,6 +59,7 @@ def cache_status(dataset: Dataset = Depends(get_dataset), warmer: Warmer = Depen
     "/datasets/{dataset_id:path}/cache",
     summary="Start warming the cache (all or some episodes) in the background",
     status_code=202,
+    responses=problem_responses(400, 404, 413, 415),
     openapi_extra=json_body_schema(WarmRequest, required=False),
 )
 async def warm_cache(

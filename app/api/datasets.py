@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from app.api.deps import get_catalog, get_dataset
+from app.api.problems import problem_responses
 from app.reads.describe import describe_dataset, list_episodes, summarize_dataset
 from app.store.catalog import Catalog
 from app.store.dataset import Dataset
@@ -19,11 +20,17 @@ def list_datasets(catalog: Catalog = Depends(get_catalog)) -> dict[str, Any]:
     return {"datasets": [summarize_dataset(catalog.get(i)) for i in catalog.ids()]}
 
 
-@router.get("/datasets/{dataset_id:path}/episodes", summary="Per-episode length and tasks")
+@router.get(
+    "/datasets/{dataset_id:path}/episodes", summary="Per-episode length and tasks", responses=problem_responses(404)
+)
 def dataset_episodes(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any]:
     return {"dataset": dataset.id, "episodes": list_episodes(dataset)}
 
 
-@router.get("/datasets/{dataset_id:path}", summary="Schema, features, fps, episodes, rows and cache state")
+@router.get(
+    "/datasets/{dataset_id:path}",
+    summary="Schema, features, fps, episodes, rows and cache state",
+    responses=problem_responses(404),
+)
 def dataset_info(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any]:
     return describe_dataset(dataset)

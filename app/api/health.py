@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from app import metrics
 from app.api.deps import check_token
-from app.api.problems import OrjsonResponse, problem
+from app.api.problems import OrjsonResponse, problem, problem_responses
 
 router = APIRouter(tags=["health"])
 
@@ -16,7 +16,11 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: the catalog is loaded")
+@router.get(
+    "/readyz",
+    summary="Readiness: the catalog is loaded",
+    responses={200: {"description": "Ready: the number of datasets served"}, **problem_responses(503)},
+)
 def readyz(request: Request) -> OrjsonResponse:
     catalog = getattr(request.app.state, "catalog", None)
     if catalog is None:
@@ -24,7 +28,15 @@ def readyz(request: Request) -> OrjsonResponse:
     return OrjsonResponse({"status": "ready", "datasets": len(catalog.ids())})
 
 
-@router.get("/metrics", summary="Prometheus metrics of every worker", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics of every worker",
+    response_class=Response,
+    responses={
+        200: {"description": "Prometheus text exposition", "content": {"text/plain": {"schema": {"type": "string"}}}},
+        **problem_responses(401, 403),
+    },
+)
 def prometheus_metrics(request: Request) -> Response:
     if request.app.state.settings.metrics_require_token:
         check_token(request)

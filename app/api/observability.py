@@ -1,4 +1,8 @@
-"""ASGI middleware: one access-log line and the request metrics per request, measured to the last byte."""
+"""ASGI middleware: one access-log line and the request metrics per request, measured to the last byte.
+
+Successful row reads (`GET`/`POST /rows`, `/rows/take`: a training run's batches) are logged at DEBUG, so a busy
+trainer does not flood the log; every other request, and every failed one, at INFO (5xx at WARNING).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import metrics
 
 log = logging.getLogger("episerve.access")
+
+ROW_READ_ROUTES = frozenset({"/datasets/{dataset_id:path}/rows", "/datasets/{dataset_id:path}/rows/take"})
 
 
 class ObservabilityMiddleware:
@@ -54,16 +60,19 @@ class ObservabilityMiddleware:
         if seen["rows"] is not None:
             metrics.ROWS_SERVED.labels(endpoint).inc(seen["rows"])
         client = scope.get("client")
+        address = f"{client[0]}:{client[1]}" if client else None
         query = scope.get("query_string", b"").decode("latin-1")
         path = scope["path"] + (f"?{query}" if query else "")
-        log.info(
-            "%s %s %s rows=%s bytes=%d %.1fms",
+        log.log(
+            access_level(endpoint, status),
+            "%s %s %s rows=%s bytes=%d %.1fms client=%s",
             scope["method"],
             path,
             status,
             seen["rows"],
             seen["bytes"],
             seconds * 1000,
+            address,
             extra={
                 "method": scope["method"],
                 "path": path,
@@ -71,6 +80,15 @@ class ObservabilityMiddleware:
                 "rows": seen["rows"],
                 "bytes": seen["bytes"],
                 "duration_ms": round(seconds * 1000, 3),
-                "client": f"{client[0]}:{client[1]}" if client else None,
+                "client": address,
             },
         )
+
+
+def access_level(endpoint: str, status: int) -> int:
+    """DEBUG for a successful row read, WARNING for a server error, INFO for everything else."""
+    if status >= 500:
+        return logging.WARNING
+    if status < 400 and endpoint in ROW_READ_ROUTES:
+        return logging.DEBUG
+    return logging.INFO

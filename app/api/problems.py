@@ -10,11 +10,75 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import DatasetError, ProblemError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class Problem(BaseModel):
+    """The body of every error response (RFC 9457 problem details); some kinds add fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="A URI naming the kind of problem.")
+    title: str = Field(description="The kind of problem, in words.")
+    status: int = Field(description="The HTTP status.")
+    detail: str = Field(description="What was wrong with this request.")
+    limit: int | None = Field(None, description="413: the limit the request exceeds.")
+    errors: list[dict[str, Any]] | None = Field(None, description="422: each invalid field (`loc`, `msg`, `type`).")
+
+
+_PROBLEM_DESCRIPTIONS = {
+    400: "The JSON body is not valid JSON",
+    401: "No bearer token (the server is configured with tokens)",
+    403: "The bearer token is not accepted",
+    404: "No such dataset or episodes",
+    413: "The request exceeds a limit (`limit` says which number)",
+    415: "The body is not application/json",
+    422: "Invalid input: the detail names the parameter or field and what is wrong",
+    503: "Not ready (catalog loading), a dataset unreadable, or a source file changed mid-read: retry",
+}
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries: a problem body under `application/problem+json` for each status."""
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        entry: dict[str, Any] = {
+            "description": _PROBLEM_DESCRIPTIONS[status],
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        if status == 503:
+            entry["headers"] = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}}
+        if status == 401:
+            entry["headers"] = {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}}
+        responses[status] = entry
+    return responses
+
+
+def install_problem_schema(app: FastAPI) -> None:
+    """Make the OpenAPI schema say what the server sends on errors: the `Problem` schema, and every 422 as a
+    problem (FastAPI documents its own `HTTPValidationError`, which this server never sends)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            schemas.pop("HTTPValidationError", None)
+            schemas.pop("ValidationError", None)
+            schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    if "422" in operation.get("responses", {}):
+                        operation["responses"]["422"] = problem_responses(422)[422]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class OrjsonResponse(JSONResponse):

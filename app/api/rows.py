@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 
 from app.api.arrow_response import arrow_response
 from app.api.deps import PARSED_REQUEST, get_dataset, json_body_schema, read_json_body, run_read
+from app.api.problems import problem_responses
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
 from app.reads.requests import SliceRequest, TakeRequest
 from app.reads.service import Answer, answer_slice, answer_take
@@ -22,9 +23,41 @@ from app.store.dataset import Dataset
 
 router = APIRouter(tags=["rows"])
 
-_ARROW_RESPONSE = {
-    200: {"content": {ARROW_STREAM_MEDIA_TYPE: {}}, "description": "Arrow IPC stream of the rows"},
-    304: {"description": "Not modified (ETag matched)"},
+
+def _header(description: str, kind: str = "integer", required: bool = True) -> dict[str, Any]:
+    return {"description": description, "required": required, "schema": {"type": kind}}
+
+
+_COUNT_HEADERS = {
+    "X-Row-Count": _header("Rows in this response."),
+    "X-Total-Rows": _header("Rows in the whole view of the picked episodes (N)."),
+    "X-Arrow-Compression": _header("The body's codec, when compression was asked.", "string", required=False),
+}
+_SLICE_HEADERS = {
+    "X-Start": _header("First view row served."),
+    "X-Stop": _header("End (exclusive) of the view rows served."),
+    "X-Total-Rows": _COUNT_HEADERS["X-Total-Rows"],
+    "ETag": _header("Names the source files' state and the query; send it back in If-None-Match.", "string"),
+}
+_ARROW_BODY = {ARROW_STREAM_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}
+_SLICE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Arrow IPC stream of the rows",
+        "content": _ARROW_BODY,
+        "headers": {**_COUNT_HEADERS, **_SLICE_HEADERS},
+    },
+    304: {"description": "Not modified (If-None-Match named the current ETag)", "headers": _SLICE_HEADERS},
+    **problem_responses(404, 413),
+}
+_BODY_PROBLEMS = problem_responses(400, 413, 415)
+_TAKE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Arrow IPC stream of the rows, in the order asked",
+        "content": _ARROW_BODY,
+        "headers": _COUNT_HEADERS,
+    },
+    **problem_responses(404),
+    **_BODY_PROBLEMS,
 }
 _QUERY_HELP = {
     "episodes": "Episode spec, e.g. '0,3-5,9'; absent means every episode.",
@@ -70,7 +103,7 @@ def _take(dataset: Dataset, request: TakeRequest) -> Response:
     "/datasets/{dataset_id:path}/rows",
     summary="A contiguous slice of the view, as an Arrow IPC stream",
     response_class=Response,
-    responses=_ARROW_RESPONSE,
+    responses=_SLICE_RESPONSES,
     openapi_extra=_query_parameters(SliceRequest),
 )
 async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
@@ -82,7 +115,7 @@ async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
     "/datasets/{dataset_id:path}/rows",
     summary="The same slice as GET /rows, with the selection in a JSON body (for long episode lists)",
     response_class=Response,
-    responses=_ARROW_RESPONSE,
+    responses={**_SLICE_RESPONSES, **_BODY_PROBLEMS},
     openapi_extra=json_body_schema(SliceRequest),
 )
 async def read_rows_with_body(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
@@ -94,7 +127,7 @@ async def read_rows_with_body(request: Request, dataset: Dataset = Depends(get_d
     "/datasets/{dataset_id:path}/rows/take",
     summary="Rows by view index (order kept, duplicates allowed), as an Arrow IPC stream",
     response_class=Response,
-    responses=_ARROW_RESPONSE,
+    responses=_TAKE_RESPONSES,
     openapi_extra=json_body_schema(TakeRequest),
 )
 async def take_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:

@@ -14,7 +14,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import episerve
 from tests.client.helpers import DEMO
