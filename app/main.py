@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.api import cache, datasets, health, rows
-from app.api.deps import require_token
+from app.api.deps import reject_unknown_query, require_token
 from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers
@@ -67,7 +67,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(FastLane, state=app.state, take_route=rows.take_route(), slice_route=rows.slice_route())
     app.add_middleware(ObservabilityMiddleware)  # added last, so outermost: it sees the fast lane's responses too
     install_problem_handlers(app)
-    protected = [Depends(require_token)]
+    # Health and metrics stay lenient about their query: probes and scrapers add cache-busting parameters.
+    protected = [Depends(require_token), Depends(reject_unknown_query)]
     app.include_router(health.router)
     app.include_router(rows.router, dependencies=protected)
     app.include_router(cache.router, dependencies=protected)

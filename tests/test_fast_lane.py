@@ -188,3 +188,15 @@ def test_slices_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.C
     etag = fast.get(ROWS, params={"stop": 4}).headers["etag"]
     assert fast.get(ROWS, params={"stop": 4}, headers={"If-None-Match": etag}).status_code == 304
     assert metric(fast.get("/metrics").text, INLINE_SLICES) == before + 1  # only the plain slice before the 304
+
+
+def test_unknown_query_parameters_are_422_on_both_lanes(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    for http in lanes:
+        assert http.get(ROWS, params={"stop": 5}).status_code == 200  # the segments the lane could use are mapped
+        assert http.post(TAKE, json={"indices": [0]}).status_code == 200
+        assert_problem(
+            http.get(f"{ROWS}?episode=1"), 422, "unknown query parameter 'episode' (did you mean 'episodes'?)"
+        )
+        assert_problem(http.get(f"{ROWS}?stop=3&colums=action"), 422, "'colums' (did you mean 'columns'?)")
+        answer = http.post(f"{TAKE}?episodes=1", json={"indices": [0]})
+        assert_problem(answer, 422, "unknown query parameter 'episodes'; this endpoint takes no query parameters")

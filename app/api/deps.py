@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import anyio
 import orjson
 from fastapi import Request
+from fastapi.dependencies.models import Dependant
 from pydantic import BaseModel, ValidationError
 
 from app.api.problems import ProblemException
@@ -54,6 +56,37 @@ def check_token(request: Request) -> None:
         )
     if result is TokenCheck.INVALID:
         raise ProblemException(403, "the bearer token is not accepted")
+
+
+async def reject_unknown_query(request: Request) -> None:
+    """422 when the query holds a parameter the matched route does not declare: a misspelled `episode=` must
+    not silently select every episode. The detail names each one, the nearest declared name and all of them."""
+    if not request.scope.get("query_string"):
+        return
+    accepted = declared_query_names(request.scope["route"].dependant)
+    unknown = [name for name in dict.fromkeys(request.query_params.keys()) if name not in accepted]
+    if unknown:
+        raise ProblemException(422, unknown_query_detail(unknown, accepted))
+
+
+def declared_query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameter names a route (with its dependencies) reads."""
+    names = {field.alias for field in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= declared_query_names(dependency)
+    return frozenset(names)
+
+
+def unknown_query_detail(unknown: Iterable[str], accepted: Iterable[str]) -> str:
+    """ "unknown query parameter 'episode' (did you mean 'episodes'?); this endpoint accepts: ..."."""
+    accepted = sorted(accepted)
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, accepted, n=1)
+        named.append(repr(name) + (f" (did you mean {close[0]!r}?)" if close else ""))
+    noun = "parameter" if len(named) == 1 else "parameters"
+    takes = f"this endpoint accepts: {', '.join(accepted)}" if accepted else "this endpoint takes no query parameters"
+    return f"unknown query {noun} {', '.join(named)}; {takes}"
 
 
 async def get_dataset(dataset_id: str, request: Request) -> Dataset:

@@ -4,8 +4,8 @@ A 256-row take from a mapped segment is a fraction of a millisecond of work, les
 injection and thread-pool hand-off around it; a contiguous slice of mapped segments is zero-copy views, sent on
 the event loop anyway. This ASGI middleware answers the common cases itself:
 
-- `POST /datasets/{id}/rows/take`: an accepted token, a JSON body that validates, a loaded dataset whose touched
-  segments this process has mapped already, and a result of at most `EPISERVE_INLINE_READ_BYTES`;
+- `POST /datasets/{id}/rows/take`: an accepted token, no query, a JSON body that validates, a loaded dataset whose
+  touched segments this process has mapped already, and a result of at most `EPISERVE_INLINE_READ_BYTES`;
 - `GET /datasets/{id}/rows` with only `episodes`, `start`, `stop` and `columns` in its query (no windows, no
   compression, no `If-None-Match`), an accepted token, and segments this process has mapped already.
 
@@ -60,7 +60,7 @@ class FastLane:
     async def _take(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.take_route.matches(scope)
         response = None
-        if match is Match.FULL:
+        if match is Match.FULL and not scope["query_string"]:  # the route answers a query with 422
             body, complete, receive = await _buffer_body(receive, self.state.settings.max_body_bytes)
             if complete:
                 response = self._quick_take(scope, child_scope["path_params"]["dataset_id"], body)
