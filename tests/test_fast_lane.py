@@ -200,3 +200,29 @@ def test_unknown_query_parameters_are_422_on_both_lanes(lanes: tuple[httpx.Clien
         assert_problem(http.get(f"{ROWS}?stop=3&colums=action"), 422, "'colums' (did you mean 'columns'?)")
         answer = http.post(f"{TAKE}?episodes=1", json={"indices": [0]})
         assert_problem(answer, 422, "unknown query parameter 'episodes'; this endpoint takes no query parameters")
+
+
+def _post_json(http: httpx.Client, path: str, text: str) -> httpx.Response:
+    return http.post(path, content=text, headers={"Content-Type": "application/json"})
+
+
+def test_huge_integers_are_422_on_both_lanes(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    nines = "9" * 25
+    for http in lanes:
+        assert http.get(ROWS, params={"stop": 5}).status_code == 200  # the segments the lane could use are mapped
+        assert_problem(http.get(ROWS, params={"episodes": "9" * 4301}), 422, "(4301 digits) in episodes spec is too")
+        assert_problem(http.get(ROWS, params={"episodes": f"1-{nines}"}), 422, f"episode id {nines} in episodes")
+        assert_problem(http.get(ROWS, params={"start": "9" * 5000}), 422, "start")
+        assert_problem(http.get(ROWS, params={"stop": nines}), 422, "stop", "less than or equal to 4611686018427387904")
+        padded = http.get(ROWS, params={"start": "0" * 30 + "1", "stop": 3})
+        assert padded.status_code == 200 and padded.headers["x-start"] == "1"
+        assert_problem(_post_json(http, TAKE, f'{{"indices": [{nines}]}}'), 422, "indices.0: integer out of range")
+        big = _post_json(http, TAKE, f'{{"indices": [{"9" * 400}]}}')
+        assert_problem(big, 422, "indices.0: Input should be less than or equal to 4611686018427387904")
+        assert_problem(_post_json(http, TAKE, f'{{"indices": [{"9" * 5000}]}}'), 422, "a number has too many digits")
+        in_list = _post_json(http, TAKE, f'{{"indices": [0], "episodes": [-{nines}]}}')
+        assert_problem(in_list, 422, "episodes.list[constrained-int].0: integer out of range")
+        in_spec = _post_json(http, TAKE, f'{{"indices": [0], "episodes": "{"9" * 4301}"}}')
+        assert_problem(in_spec, 422, "(4301 digits) in episodes spec is too large")
+        slice_body = _post_json(http, ROWS, f'{{"start": {"9" * 400}}}')
+        assert_problem(slice_body, 422, "start: Input should be less than or equal to 4611686018427387904")

@@ -128,15 +128,40 @@ def check_json_content_type(content_type: str | None) -> None:
 
 
 def decode_json_body(body: bytes | bytearray, model: type[M]) -> M:
-    """The body as a validated `model`: 400 when it is not JSON, 422 when it does not validate."""
+    """The body as a validated `model`: 400 when it is not JSON, 422 when it does not validate (numbers out of
+    range included)."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise ProblemException(400, f"the body is not valid JSON: {exc}") from exc
+        return _decode_with_big_numbers(body, model, exc)
     try:
         return model.model_validate(document)
     except ValidationError as exc:
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
-        raise ProblemException(422, f"invalid body: {detail}") from exc
+        raise ProblemException(422, f"invalid body: {_validation_detail(exc)}") from exc
+
+
+def _decode_with_big_numbers(body: bytes | bytearray, model: type[M], error: orjson.JSONDecodeError) -> M:
+    """orjson refuses numbers past float64 (an integer of 400 digits is valid JSON all the same); pydantic's own
+    parser reads them, so that the field's range check words the problem."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        kinds = {e["type"] for e in exc.errors()}
+        if kinds != {"json_invalid"}:
+            raise ProblemException(422, f"invalid body: {_validation_detail(exc)}") from exc
+        out_of_range = [e["msg"] for e in exc.errors() if "number out of range" in e["msg"]]
+        if out_of_range:
+            raise ProblemException(422, f"invalid body: a number has too many digits ({out_of_range[0]})") from exc
+        raise ProblemException(400, f"the body is not valid JSON: {error}") from error
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {_message(e)}" for e in exc.errors(include_url=False))
+
+
+def _message(error: Any) -> str:
+    """Pydantic's message, but an integer past 64 bits (which orjson reads as a float) is called out of range."""
+    value = error.get("input")
+    if error["type"] in ("int_type", "int_from_float") and isinstance(value, float) and abs(value) >= 2**63:
+        return "integer out of range (more than 64 bits)"
+    return error["msg"]

@@ -33,6 +33,7 @@ from app.errors import EpiserveError, WouldBlock
 _TAKE_SUFFIX = "/rows/take"
 _SLICE_SUFFIX = "/rows"
 _SLICE_PARAMETERS = frozenset({"episodes", "start", "stop", "columns"})
+_MAX_ROW_DIGITS = len(str(MAX_ROW))  # longer ones (leading zeros aside) are the route's to refuse
 
 
 class FastLane:
@@ -130,7 +131,7 @@ def _plain_slice(query: bytes) -> SliceRequest | None:
     for name in ("start", "stop"):
         text = values.get(name)
         if text is not None:
-            if not (text.isascii() and text.isdigit()) or int(text) > MAX_ROW:
+            if not (text.isascii() and text.isdigit()) or len(text) > _MAX_ROW_DIGITS or int(text) > MAX_ROW:
                 return None
             given[name] = int(text)
     return SliceRequest.model_construct(**given)  # every other field at its default
