@@ -7,6 +7,7 @@ environment, since each uvicorn worker builds its app from it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import signal
@@ -137,6 +138,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _serve(settings: Settings) -> int:
     import uvicorn
 
+    from app.api.http_protocol import BoundedHttpToolsProtocol, HeadLimits
+
     # uvicorn re-raises SIGTERM once it has shut down; exiting through SystemExit lets `finally` clean up.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
@@ -149,7 +152,9 @@ def _serve(settings: Settings) -> int:
             log_level=settings.log_level.lower(),
             log_config=None,
             access_log=False,
-            http="httptools",
+            http=functools.partial(
+                BoundedHttpToolsProtocol, limits=HeadLimits(settings.max_header_bytes, settings.header_timeout_s)
+            ),
             loop="uvloop",
             timeout_graceful_shutdown=5,
         )

@@ -20,6 +20,7 @@ from app.dataset import Dataset
 from app.settings import Settings
 
 T = TypeVar("T")
+_BODY_DEADLINE = "episerve.body_deadline"
 M = TypeVar("M", bound=BaseModel)
 
 # Dependencies are `async def` although they do not await: FastAPI would run plain `def` ones in the thread
@@ -107,17 +108,42 @@ def json_body_schema(model: type[BaseModel], required: bool = True) -> dict[str,
 
 
 async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
-    """Parse and validate a JSON body, refusing wrong content types, oversize and malformed bodies."""
+    """Parse and validate a JSON body, refusing wrong content types, oversize, slow and malformed bodies."""
     check_json_content_type(request.headers.get("content-type"))
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise ProblemException(413, f"the body is {declared} bytes; the limit is {max_bytes} bytes", limit=max_bytes)
+    check_declared_length(request.headers.get("content-length"), max_bytes)
+    timeout_s = request.app.state.settings.body_timeout_s
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise ProblemException(413, f"the body is larger than the limit of {max_bytes} bytes", limit=max_bytes)
+    try:
+        with anyio.fail_after(body_deadline(request.scope, timeout_s) - anyio.current_time()):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ProblemException(
+                        413, f"the body is larger than the limit of {max_bytes} bytes", limit=max_bytes
+                    )
+    except TimeoutError as exc:
+        raise body_timeout(timeout_s) from exc
     return decode_json_body(body, model)
+
+
+def check_declared_length(declared: str | None, max_bytes: int) -> None:
+    """413 at once, before a byte of the body is read, when its Content-Length is over `max_bytes`."""
+    if declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > max_bytes):
+        raise ProblemException(413, f"the body is {declared} bytes; the limit is {max_bytes} bytes", limit=max_bytes)
+
+
+def body_deadline(scope: dict[str, Any], timeout_s: float) -> float:
+    """When the request body must have arrived (anyio clock): `timeout_s` after its first reader started, be
+    that the fast lane or the route it hands the request on to."""
+    if _BODY_DEADLINE not in scope:
+        scope[_BODY_DEADLINE] = anyio.current_time() + timeout_s
+    return scope[_BODY_DEADLINE]
+
+
+def body_timeout(timeout_s: float) -> ProblemException:
+    """408 for a body slower than `timeout_s`; the connection is closed, since the rest of the body may follow."""
+    detail = f"the request body did not arrive within {timeout_s:g} s"
+    return ProblemException(408, detail, {"Connection": "close"})
 
 
 def check_json_content_type(content_type: str | None) -> None:

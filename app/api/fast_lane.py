@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
+import anyio
 from starlette.datastructures import Headers, State
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.deps import check_json_content_type, decode_json_body
+from app.api.deps import body_deadline, check_declared_length, check_json_content_type, decode_json_body
 from app.api.problems import ProblemException
 from app.api.rows import MAX_ROW, SliceRequest, TakeRequest, columns_of, slice_response, take_ranges, take_response
 from app.auth import TokenCheck
@@ -61,8 +62,11 @@ class FastLane:
     async def _take(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.take_route.matches(scope)
         response = None
-        if match is Match.FULL and not scope["query_string"]:  # the route answers a query with 422
-            body, complete, receive = await _buffer_body(receive, self.state.settings.max_body_bytes)
+        settings = self.state.settings
+        # A query (422), or a body declared over the limit (413, before a byte of it is read), is the route's.
+        if match is Match.FULL and not scope["query_string"] and _declared_within(scope, settings.max_body_bytes):
+            deadline = body_deadline(scope, settings.body_timeout_s)
+            body, complete, receive = await _buffer_body(receive, settings.max_body_bytes, deadline)
             if complete:
                 response = self._quick_take(scope, child_scope["path_params"]["dataset_id"], body)
         await self._answer(response, child_scope, scope, receive, send)
@@ -137,21 +141,34 @@ def _plain_slice(query: bytes) -> SliceRequest | None:
     return SliceRequest.model_construct(**given)  # every other field at its default
 
 
-async def _buffer_body(receive: Receive, limit: int) -> tuple[bytes, bool, Receive]:
-    """Read the request body, up to `limit` bytes. Returns the bytes read, whether that was the whole body, and
-    a `receive` that hands the same body (then whatever follows) to the next reader."""
+def _declared_within(scope: Scope, limit: int) -> bool:
+    """Whether the request's Content-Length, if any, is within `limit`."""
+    try:
+        check_declared_length(Headers(scope=scope).get("content-length"), limit)
+    except ProblemException:
+        return False
+    return True
+
+
+async def _buffer_body(receive: Receive, limit: int, deadline: float) -> tuple[bytes, bool, Receive]:
+    """Read the request body, up to `limit` bytes and until `deadline`. Returns the bytes read, whether that was
+    the whole body, and a `receive` that hands the same body (then whatever follows) to the next reader."""
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # the client left: the route hears it after the partial body
-            return b"".join(chunks), False, _replaying(b"".join(chunks), True, receive, message)
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        complete = not message.get("more_body", False)
-        if complete or size > limit:
-            body = b"".join(chunks)
-            return body, complete, _replaying(body, not complete, receive)
+    try:
+        with anyio.fail_after(deadline - anyio.current_time()):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left: the route hears it after the partial body
+                    return b"".join(chunks), False, _replaying(b"".join(chunks), True, receive, message)
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                complete = not message.get("more_body", False)
+                if complete or size > limit:
+                    body = b"".join(chunks)
+                    return body, complete, _replaying(body, not complete, receive)
+    except TimeoutError:  # too slow: the route, past the same deadline, answers 408
+        return b"".join(chunks), False, _replaying(b"".join(chunks), True, receive)
 
 
 def _replaying(body: bytes, more: bool, receive: Receive, *then: Message) -> Receive:
