@@ -9,6 +9,10 @@ the event loop anyway. This ASGI middleware answers the common cases itself:
 - `GET /datasets/{id}/rows` with only `episodes`, `start`, `stop` and `columns` in its query (no windows, no
   compression, no `If-None-Match`), an accepted token, and segments this process has mapped already.
 
+A take's body is read here only if its declared length is within `EPISERVE_MAX_BODY_BYTES` (else the route
+answers 413 before a byte of it is read), and only until the request's body deadline (`EPISERVE_BODY_TIMEOUT_S`,
+shared with the route, which then answers 408).
+
 `EPISERVE_INLINE_READ_BYTES=0` turns the lane off. Anything else (every error, a first touch that maps or builds
 a segment, a large take) goes on, body intact, to the regular route, which answers it as it always does. The
 response is the same either way; only its cost differs.
