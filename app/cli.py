@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import os
 import shutil
 import signal
@@ -142,6 +143,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _serve(settings: Settings) -> int:
     import uvicorn
 
+    from app.api.http_protocol import BoundedHttpToolsProtocol, HeadLimits
+
     # uvicorn re-raises SIGTERM once it has shut down; exiting through SystemExit lets `finally` clean up.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
@@ -154,7 +157,9 @@ def _serve(settings: Settings) -> int:
             log_level=settings.log_level.lower(),
             log_config=None,
             access_log=False,
-            http="httptools",
+            http=functools.partial(
+                BoundedHttpToolsProtocol, limits=HeadLimits(settings.max_header_bytes, settings.header_timeout_s)
+            ),
             loop="uvloop",
             timeout_graceful_shutdown=5,
         )

@@ -45,6 +45,18 @@ class Settings(BaseSettings):
     max_rows_per_response: int = Field(1_000_000, ge=1, description="Rows one /rows response may hold.")
     max_take_indices: int = Field(100_000, ge=1, description="Indices one take request may ask for.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest accepted request body.")
+    max_header_bytes: int = Field(
+        384 * 1024,
+        ge=8 * 1024,
+        description="Largest request line plus headers (431 beyond); fits an `episodes` spec of the default "
+        "maximum length even with every character percent-encoded.",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="Time a request line and headers may take to arrive (408 and close beyond)."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Time a request body may take to arrive, in all (408 and close beyond)."
+    )
     max_episode_spec_chars: int = Field(100_000, ge=16, description="Longest accepted `episodes` spec.")
     max_window_offsets: int = Field(1024, ge=1, description="Offsets one delta_timestamps column may list.")
     max_window_values: int = Field(

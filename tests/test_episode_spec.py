@@ -73,3 +73,20 @@ def test_overlong_spec_is_too_large_and_reports_the_limit() -> None:
 def test_negative_ids_in_a_list_are_invalid() -> None:
     with pytest.raises(InvalidInput):
         ranges_from_ids([3, -1])
+
+
+@pytest.mark.parametrize(
+    ("spec", "phrase"),
+    [
+        ("9" * 4301, "episode id 99999999999999999999... (4301 digits) in episodes spec is too large"),
+        ("3,1-" + "9" * 25, "episode id 9999999999999999999999999 in episodes spec is too large"),
+        (str(2**62 + 1), f"episode id {2**62 + 1} in episodes spec is too large; the largest is {2**62}"),
+    ],
+)
+def test_episode_ids_past_the_largest_are_refused_without_converting_them(spec: str, phrase: str) -> None:
+    with pytest.raises(InvalidInput, match=phrase.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")):
+        parse_episode_spec(spec, 10_000)
+
+
+def test_leading_zeros_do_not_make_an_episode_id_too_large() -> None:
+    assert parse_episode_spec("0" * 40 + "7," + str(2**62), 1000) == [(7, 7), (2**62, 2**62)]

@@ -171,3 +171,44 @@ def test_unknown_route_and_method_are_problems(http: httpx.Client) -> None:
 )
 def test_invalid_post_rows_body_is_rejected(http: httpx.Client, body: dict, status: int, phrase: str) -> None:
     assert_problem(http.post(f"{V3}/rows", json=body), status, phrase)
+
+
+ROWS_ACCEPTS = "this endpoint accepts: columns, compression, delta_timestamps, episodes, start, stop, tolerance_s"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "phrases"),
+    [
+        (
+            "GET",
+            f"{V3}/rows",
+            "episode=1",
+            ["unknown query parameter 'episode' (did you mean 'episodes'?)", ROWS_ACCEPTS],
+        ),
+        (
+            "GET",
+            f"{V3}/rows",
+            "episodes=1&column=action&zzz=2",
+            ["unknown query parameters 'column' (did you mean 'columns'?), 'zzz'; ", ROWS_ACCEPTS],
+        ),
+        ("GET", V3, "verbose=1", ["unknown query parameter 'verbose'; this endpoint takes no query parameters"]),
+        ("GET", "/datasets", "limit=5", ["unknown query parameter 'limit'"]),
+        ("GET", f"{V3}/episodes", "episodes=1", ["unknown query parameter 'episodes'"]),
+        ("GET", f"{V3}/cache", "episodes=1", ["unknown query parameter 'episodes'"]),
+        ("POST", f"{V3}/cache", "episodes=1", ["unknown query parameter 'episodes'"]),
+        ("POST", f"{V3}/rows", "stop=3", ["unknown query parameter 'stop'; this endpoint takes no query parameters"]),
+        ("POST", f"{V3}/rows/take", "indices=3", ["unknown query parameter 'indices'"]),
+    ],
+)
+def test_unknown_query_parameters_are_422_naming_them_and_the_nearest_valid_name(
+    http: httpx.Client, method: str, path: str, query: str, phrases: list[str]
+) -> None:
+    body = {"indices": [0]} if path.endswith("take") else {}
+    response = http.request(method, f"{path}?{query}", json=body if method == "POST" else None)
+    assert_problem(response, 422, *phrases)
+
+
+def test_health_and_metrics_accept_cache_busting_query_parameters(http: httpx.Client) -> None:
+    assert http.get("/healthz?_=1712345").json() == {"status": "ok"}
+    assert http.get("/readyz?nocache=1").json()["status"] == "ready"
+    assert "episerve_requests_total" in http.get("/metrics?t=1").text

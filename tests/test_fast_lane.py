@@ -7,6 +7,7 @@ Two servers share one datasets root: one with the lane on (the default) and one 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def lanes(datasets_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def inline_takes(http: httpx.Client) -> float:
     return metric(http.get("/metrics").text, INLINE_TAKES)
+
+
+def wait_for_the_lane(http: httpx.Client, timeout: float = 30.0) -> None:
+    """Take until the lane answers: on a fresh server the first takes build and map the segments on the route."""
+    deadline = time.monotonic() + timeout
+    before = inline_takes(http)
+    while inline_takes(http) == before:
+        assert time.monotonic() < deadline, "the fast lane never answered"
+        assert http.post(TAKE, json={"indices": [1, 2, 3]}).status_code == 200
+        time.sleep(0.05)
 
 
 def assert_lane_answers_alike(
@@ -125,6 +136,7 @@ def test_bodies_in_many_chunks_reach_the_lane_or_the_route_intact(lanes: tuple[h
 
 def test_lane_takes_are_counted_under_the_take_route(lanes: tuple[httpx.Client, httpx.Client]) -> None:
     fast, _ = lanes
+    wait_for_the_lane(fast)
     endpoint = "/datasets/{dataset_id:path}/rows/take"
     before = metric(
         fast.get("/metrics").text, "episerve_requests_total", endpoint=endpoint, method="POST", status="200"
@@ -188,3 +200,40 @@ def test_slices_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.C
     etag = fast.get(ROWS, params={"stop": 4}).headers["etag"]
     assert fast.get(ROWS, params={"stop": 4}, headers={"If-None-Match": etag}).status_code == 304
     assert metric(fast.get("/metrics").text, INLINE_SLICES) == before + 1  # only the plain slice before the 304
+
+
+def test_unknown_query_parameters_are_422_on_both_lanes(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    wait_for_the_lane(lanes[0])  # so that the lane could answer, were it not to hand these on
+    for http in lanes:
+        assert_problem(
+            http.get(f"{ROWS}?episode=1"), 422, "unknown query parameter 'episode' (did you mean 'episodes'?)"
+        )
+        assert_problem(http.get(f"{ROWS}?stop=3&colums=action"), 422, "'colums' (did you mean 'columns'?)")
+        answer = http.post(f"{TAKE}?episodes=1", json={"indices": [0]})
+        assert_problem(answer, 422, "unknown query parameter 'episodes'; this endpoint takes no query parameters")
+
+
+def _post_json(http: httpx.Client, path: str, text: str) -> httpx.Response:
+    return http.post(path, content=text, headers={"Content-Type": "application/json"})
+
+
+def test_huge_integers_are_422_on_both_lanes(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+    nines = "9" * 25
+    wait_for_the_lane(lanes[0])
+    for http in lanes:
+        assert_problem(http.get(ROWS, params={"episodes": "9" * 4301}), 422, "(4301 digits) in episodes spec is too")
+        assert_problem(http.get(ROWS, params={"episodes": f"1-{nines}"}), 422, f"episode id {nines} in episodes")
+        assert_problem(http.get(ROWS, params={"start": "9" * 5000}), 422, "start")
+        assert_problem(http.get(ROWS, params={"stop": nines}), 422, "stop", "less than or equal to 4611686018427387904")
+        padded = http.get(ROWS, params={"start": "0" * 30 + "1", "stop": 3})
+        assert padded.status_code == 200 and padded.headers["x-start"] == "1"
+        assert_problem(_post_json(http, TAKE, f'{{"indices": [{nines}]}}'), 422, "indices.0: integer out of range")
+        big = _post_json(http, TAKE, f'{{"indices": [{"9" * 400}]}}')
+        assert_problem(big, 422, "indices.0: Input should be less than or equal to 4611686018427387904")
+        assert_problem(_post_json(http, TAKE, f'{{"indices": [{"9" * 5000}]}}'), 422, "a number has too many digits")
+        in_list = _post_json(http, TAKE, f'{{"indices": [0], "episodes": [-{nines}]}}')
+        assert_problem(in_list, 422, "episodes.list[constrained-int].0: integer out of range")
+        in_spec = _post_json(http, TAKE, f'{{"indices": [0], "episodes": "{"9" * 4301}"}}')
+        assert_problem(in_spec, 422, "(4301 digits) in episodes spec is too large")
+        slice_body = _post_json(http, ROWS, f'{{"start": {"9" * 400}}}')
+        assert_problem(slice_body, 422, "start: Input should be less than or equal to 4611686018427387904")

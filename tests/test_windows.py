@@ -215,3 +215,32 @@ def test_windows_through_a_dataloader_equal_reference(window_server: Any, data: 
             assert batch[f"{column}_is_pad"].tolist() == expected_pad
         seen += len(rows)
     assert seen == view.num_rows
+
+
+@pytest.mark.parametrize("far", ["1e18", "1e300", "9" * 400])
+def test_huge_offsets_pad_with_the_last_or_first_frame_of_the_episode(
+    http: httpx.Client, datasets_root: Path, far: str
+) -> None:
+    view = oracle(datasets_root / "lerobot" / "demo-v3", [4])
+    first, last = view["index"][0].as_py(), view["index"][-1].as_py()
+    rows = [0, 3, view.num_rows - 1]
+    windows = f'{{"index": [{far}, -{far}, 0]}}'
+    body = f'{{"indices": {rows}, "episodes": [4], "columns": ["index"], "delta_timestamps": {windows}}}'
+    take = http.post(f"{V3}/rows/take", content=body, headers={"Content-Type": "application/json"})
+    assert take.status_code == 200, take.text
+    params = {"episodes": "4", "columns": "index", "delta_timestamps": windows}
+    whole = http.get(f"{V3}/rows", params=params)
+    assert whole.status_code == 200, whole.text
+    expected = [[last, first, view["index"][r].as_py()] for r in rows]
+    for table in (read_stream(take.content), read_stream(whole.content).take(rows)):
+        assert table["index"].to_pylist() == expected
+        assert table["index_is_pad"].to_pylist() == [[True, True, False]] * len(rows)
+
+
+def test_non_finite_offsets_in_a_body_are_rejected(http: httpx.Client) -> None:
+    for text in ("1e400", "-1e999"):
+        body = f'{{"indices": [0], "delta_timestamps": {{"action": [0, {text}]}}}}'
+        response = http.post(f"{V3}/rows/take", content=body, headers={"Content-Type": "application/json"})
+        assert_problem(
+            response, 422, "delta_timestamps['action'] holds non-finite offsets", "finite numbers of seconds"
+        )

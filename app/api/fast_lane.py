@@ -4,10 +4,14 @@ A 256-row take from a mapped segment is a fraction of a millisecond of work, les
 injection and thread-pool hand-off around it; a contiguous slice of mapped segments is zero-copy views, sent on
 the event loop anyway. This ASGI middleware answers the common cases itself:
 
-- `POST /datasets/{id}/rows/take`: an accepted token, a JSON body that validates, a loaded dataset whose touched
-  segments this process has mapped already, and a result of at most `EPISERVE_INLINE_READ_BYTES`;
+- `POST /datasets/{id}/rows/take`: an accepted token, no query, a JSON body that validates, a loaded dataset
+  whose touched segments this process has mapped already, and a result of at most `EPISERVE_INLINE_READ_BYTES`;
 - `GET /datasets/{id}/rows` without windows, compression or `If-None-Match`, with an accepted token, and
   segments this process has mapped already.
+
+A take's body is read here only if its declared length is within `EPISERVE_MAX_BODY_BYTES` (else the route
+answers 413 before a byte of it is read), and only until the request's body deadline (`EPISERVE_BODY_TIMEOUT_S`,
+shared with the route, which then answers 408).
 
 Both parse the request with the route's own model (`app.reads.requests`) and call the same read service with
 `may_block=False`; a request parsed here and passed on is not parsed again.
@@ -22,13 +26,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qsl
 
+import anyio
 from starlette.datastructures import Headers, State
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.deps import PARSED_REQUEST, TOKEN_ACCEPTED, check_json_content_type, decode_json_body
+from app.api.deps import (
+    PARSED_REQUEST,
+    TOKEN_ACCEPTED,
+    body_deadline,
+    check_declared_length,
+    check_json_content_type,
+    decode_json_body,
+)
 from app.api.rows import to_response
 from app.auth import TokenCheck
 from app.errors import ProblemError, WouldBlock
@@ -64,9 +76,17 @@ class FastLane:
     async def _take(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.take_route.matches(scope)
         response = None
-        if match is Match.FULL and self._accepted(scope):
-            limit = self.state.settings.max_body_bytes
-            body, complete, receive = await _buffer_body(receive, limit)
+        settings = self.state.settings
+        limit = settings.max_body_bytes
+        # A query (422), or a body declared over the limit (413, before a byte of it is read), is the route's.
+        if (
+            match is Match.FULL
+            and not scope["query_string"]
+            and _declared_within(scope, limit)
+            and self._accepted(scope)
+        ):
+            deadline = body_deadline(scope, settings.body_timeout_s)
+            body, complete, receive = await _buffer_body(receive, limit, deadline)
             if complete and len(body) <= limit:
                 response = self._quick(scope, child_scope, lambda: self._parsed_take(scope, body))
         await self._answer(response, child_scope, scope, receive, send)
@@ -134,21 +154,34 @@ def _parsed_slice(scope: Scope) -> SliceRequest:
     return SliceRequest.from_query(pairs)
 
 
-async def _buffer_body(receive: Receive, limit: int) -> tuple[bytes, bool, Receive]:
-    """Read the request body, up to `limit` bytes. Returns the bytes read, whether that was the whole body, and
-    a `receive` that hands the same body (then whatever follows) to the next reader."""
+def _declared_within(scope: Scope, limit: int) -> bool:
+    """Whether the request's Content-Length, if any, is within `limit`."""
+    try:
+        check_declared_length(Headers(scope=scope).get("content-length"), limit)
+    except ProblemError:
+        return False
+    return True
+
+
+async def _buffer_body(receive: Receive, limit: int, deadline: float) -> tuple[bytes, bool, Receive]:
+    """Read the request body, up to `limit` bytes and until `deadline`. Returns the bytes read, whether that was
+    the whole body, and a `receive` that hands the same body (then whatever follows) to the next reader."""
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # the client left: the route hears it after the partial body
-            return b"".join(chunks), False, _replaying(b"".join(chunks), True, receive, message)
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        complete = not message.get("more_body", False)
-        if complete or size > limit:
-            body = b"".join(chunks)
-            return body, complete, _replaying(body, not complete, receive)
+    try:
+        with anyio.fail_after(deadline - anyio.current_time()):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left: the route hears it after the partial body
+                    return b"".join(chunks), False, _replaying(b"".join(chunks), True, receive, message)
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                complete = not message.get("more_body", False)
+                if complete or size > limit:
+                    body = b"".join(chunks)
+                    return body, complete, _replaying(body, not complete, receive)
+    except TimeoutError:  # too slow: the route, past the same deadline, answers 408
+        return b"".join(chunks), False, _replaying(b"".join(chunks), True, receive)
 
 
 def _replaying(body: bytes, more: bool, receive: Receive, *then: Message) -> Receive:

@@ -17,6 +17,9 @@ EpisodeRanges = list[tuple[int, int]]
 
 _TERM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 _MAX_NAMED_MISSING = 20
+MAX_EPISODE_ID = 2**62
+# Longer digit strings are past MAX_EPISODE_ID; checked before int(), which refuses 4,300 digits and more.
+_MAX_ID_DIGITS = len(str(MAX_EPISODE_ID))
 
 
 def parse_episode_spec(spec: str, max_chars: int) -> EpisodeRanges:
@@ -36,12 +39,21 @@ def parse_episode_spec(spec: str, max_chars: int) -> EpisodeRanges:
                 f"invalid term {term.strip()!r} in episodes spec: expected a non-negative integer "
                 "or an inclusive range like '3-7'"
             )
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
+        first = _episode_id(match.group(1))
+        last = _episode_id(match.group(2)) if match.group(2) is not None else first
         if last < first:
             raise InvalidInput(f"invalid range {term.strip()!r} in episodes spec: end is before start")
         ranges.append((first, last))
     return merge_ranges(ranges)
+
+
+def _episode_id(digits: str) -> int:
+    """A term's number, refused beyond MAX_EPISODE_ID (without converting thousands of digits)."""
+    value = int(digits) if len(digits.lstrip("0")) <= _MAX_ID_DIGITS else None
+    if value is None or value > MAX_EPISODE_ID:
+        shown = digits if len(digits) <= 30 else f"{digits[:20]}... ({len(digits)} digits)"
+        raise InvalidInput(f"episode id {shown} in episodes spec is too large; the largest is {MAX_EPISODE_ID}")
+    return value
 
 
 def ranges_from_ids(ids: Iterable[int]) -> EpisodeRanges:

@@ -65,18 +65,25 @@ def parse_windows(
     return WindowSpec(offsets)
 
 
+# Frame offsets beyond this reach past every episode: they clamp and pad exactly like any larger one, and keep
+# `row + offset` far from int64 overflow (a 1e18 s offset must pad with the last frame, not wrap to the first).
+MAX_FRAME_OFFSET = 2**53
+# Beyond this many seconds an offset is past every episode at any fps; huge integers become this before they
+# meet float64, which they would overflow.
+_MAX_SECONDS = 1e300
+
+
 def _frame_offsets(column: str, deltas: Sequence[float], fps: float, tolerance_s: float, limit: int) -> np.ndarray:
     if len(deltas) == 0:
         raise InvalidInput(f"delta_timestamps[{column!r}] is empty; give at least one offset")
     if len(deltas) > limit:
         raise OverLimit(f"delta_timestamps[{column!r}] has {len(deltas)} offsets; the limit is {limit}", limit)
-    seconds = np.asarray(deltas, dtype=np.float64)
-    bad = [d for d in deltas if not math.isfinite(d)]
-    if bad:
-        raise InvalidInput(f"delta_timestamps[{column!r}] holds non-finite offsets: {bad[:5]}")
+    seconds = _as_seconds(column, deltas)
     frames = seconds * fps
     rounded = np.rint(frames)  # half-to-even, like Python's round() that LeRobot uses
-    off_grid = np.abs(frames - rounded) / fps > tolerance_s
+    # Past 2**53 every float64 is a whole number of frames: such offsets are on the grid, however large.
+    within = np.abs(frames) < MAX_FRAME_OFFSET
+    off_grid = within & (np.abs(frames - rounded) / fps > tolerance_s)
     if off_grid.any():
         pairs = zip(seconds[off_grid][:5].tolist(), (rounded[off_grid][:5] / fps).tolist(), strict=True)
         shown = ", ".join(f"{d!r} (nearest valid: {nearest!r})" for d, nearest in pairs)
@@ -84,7 +91,21 @@ def _frame_offsets(column: str, deltas: Sequence[float], fps: float, tolerance_s
             f"delta_timestamps[{column!r}] has offsets off the 1/{fps:g} s frame grid "
             f"(tolerance_s={tolerance_s:g}): {shown}"
         )
-    return rounded.astype(np.int64)
+    return np.clip(rounded, -MAX_FRAME_OFFSET, MAX_FRAME_OFFSET).astype(np.int64)
+
+
+def _as_seconds(column: str, deltas: Sequence[float]) -> np.ndarray:
+    """The offsets as float64 seconds: non-finite ones refused, integers too large for a float bounded."""
+    bad = [d for d in deltas if isinstance(d, float) and not math.isfinite(d)]
+    if bad:
+        raise InvalidInput(
+            f"delta_timestamps[{column!r}] holds non-finite offsets: {bad[:5]}; offsets are finite numbers of seconds"
+        )
+    try:
+        return np.asarray(deltas, dtype=np.float64)
+    except OverflowError:  # an integer past float64's range: as far past every episode as _MAX_SECONDS
+        bounded = [min(max(d, -_MAX_SECONDS), _MAX_SECONDS) for d in deltas]
+        return np.asarray(bounded, dtype=np.float64)
 
 
 def window_targets(

@@ -1,0 +1,166 @@
+"""uvicorn's httptools protocol with a bounded request head: at most `max_bytes` of request line and headers,
+received within `timeout_s` of the connection opening or of the head's first byte.
+
+Neither uvicorn nor httptools bounds either: a 1 MiB header is parsed, and a client that sends its head a byte at
+a time holds its connection (and a file descriptor) for as long as it likes. Beyond the size the server answers
+431, beyond the time 408 (or closes silently when nothing was sent at all), and closes the connection either way.
+The body's own deadline is kept where the body is read (`app.api.deps.read_json_body`, the fast lane); the rest
+of a body the response did not wait for gets as long as a head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.api.problems import PROBLEM_MEDIA_TYPE
+
+
+@dataclass(frozen=True)
+class HeadLimits:
+    """How large a request head may be, and how long it may take to arrive."""
+
+    max_bytes: int
+    timeout_s: float
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """`HttpToolsProtocol` refusing request heads that are too large (431) or too slow (408)."""
+
+    def __init__(self, *args: Any, limits: HeadLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._in_head = False
+        self._between_requests = True
+        self._head_bytes = 0  # bytes received while the head is incomplete (httptools buffers a partial header)
+        self._head_size = 0  # request line and headers as parsed
+        self._head_too_large = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()  # a connection that never sends a head is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # Data that starts at a request boundary or inside a head belongs to the head up to its end (a chunk that
+        # ends a body and starts the next head is not counted: that head is at most one read larger).
+        counted = self._in_head or self._between_requests
+        super().data_received(data)
+        if self._in_head and counted:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_bytes:
+                self._refuse(431, self._too_large_detail())
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._between_requests = False
+        self._head_bytes = 0
+        self._head_size = 0
+        if self._head_timer is None:
+            self._arm_head_timer()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._between_requests = True
+        self._cancel_head_timer()  # the unread-body timer, if the response went first
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._between_requests and not self.transport.is_closing():
+            # Answered before its body arrived (a 413 on the declared length, a route that reads none): the rest
+            # may follow, but no slower than a head would, or uvicorn's keep-alive timer (reset by every byte)
+            # would hold the connection for as long as the client trickles.
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(self.limits.timeout_s, self._unread_body_timed_out)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._head_size += len(name) + len(value) + 4
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._head_size += len(url)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        if self._head_size > self.limits.max_bytes:  # a head that arrived whole, in one read
+            self._head_too_large = True
+            raise _HeadTooLarge  # stops the parser; uvicorn answers through send_400_response
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._head_too_large:
+            self._refuse(431, self._too_large_detail())
+        else:
+            super().send_400_response(msg)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head:
+            self._refuse(408, f"the request line and headers did not arrive within {self.limits.timeout_s:g} s")
+        elif self.cycle is None and not self.transport.is_closing():
+            self.transport.close()  # connected and sent nothing
+
+    def _too_large_detail(self) -> str:
+        return f"the request line and headers exceed {self.limits.max_bytes} bytes"
+
+    def _unread_body_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._between_requests and not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, status: int, detail: str) -> None:
+        """Answer `status` as a problem document (unless a response is under way) and close the connection."""
+        self._in_head = False
+        self._cancel_head_timer()
+        if self.transport.is_closing():
+            return
+        self.logger.warning("%s: %s", _client(self.client), detail)
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_problem_response(status, detail))
+        self.transport.close()
+
+
+def _client(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "client"
+
+
+def _problem_response(status: int, detail: str) -> bytes:
+    phrase = HTTPStatus(status).phrase
+    body = orjson.dumps(
+        {
+            "type": f"https://episerve.dev/problems/{phrase.lower().replace(' ', '-')}",
+            "title": phrase,
+            "status": status,
+            "detail": detail,
+        }
+    )
+    head = (
+        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: {PROBLEM_MEDIA_TYPE}\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
