@@ -24,7 +24,7 @@ from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
 from app.gather import gather
 from app.layouts import Layout, read_layout
-from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
+from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged, clean_temps
 from app.settings import Settings
 from app.views import EpisodeView
 from app.windows import PAD_SUFFIX, WindowRequest, WindowSpec, as_windows, pad_column, parse_windows, window_targets
@@ -85,6 +85,7 @@ class Dataset:
         self.episode_column = episode_column
         self.limits = limits
         self.segments = SegmentStore(cache_dir / "segments", path, lru, limits.build_batch_bytes, limits.verify_on_open)
+        clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
         self._lock = threading.Lock()
         self._layout: Layout | None = None
         self._index: EpisodeIndex | None = None

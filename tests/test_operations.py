@@ -205,3 +205,58 @@ def test_requests_never_write_into_the_dataset_roots(demo_root: Path, tmp_path: 
         http.get("/datasets/demo/cache")
         http.get("/datasets/..%2F..%2Fetc/rows")
     assert tree_digest(demo_root) == before
+
+
+def test_segment_truncated_under_a_running_server_is_rebuilt_and_the_worker_survives(
+    demo_root: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    expected = oracle(demo_root / "demo", None)
+    with ServerProcess([demo_root], cache, workers=1) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        assert_tables_equal(read_stream(http.get("/datasets/demo/rows").content), expected)  # every segment mapped
+        segment = sorted(cache.rglob("segments/*.arrow"))[1]
+        size = segment.stat().st_size
+        os.truncate(segment, size // 3)  # in place: the worker's map now reaches past the end of the file
+
+        take = http.post("/datasets/demo/rows/take", json={"indices": [expected.num_rows - 1, 0]})
+        assert take.status_code == 200, take.text
+        assert_tables_equal(read_stream(take.content), expected.take([expected.num_rows - 1, 0]))
+        assert_tables_equal(read_stream(http.get("/datasets/demo/rows").content), expected)
+        assert server.process is not None and server.process.poll() is None
+        assert segment.stat().st_size == size  # rebuilt
+
+        os.truncate(segment, size // 2)
+        report = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
+        assert report.returncode == 1
+        assert f"size {size // 2} differs from the sidecar's {size}" in report.stdout
+
+
+def test_leftover_temps_are_cleaned_at_start_and_not_reported_by_verify(demo_root: Path, tmp_path: Path) -> None:
+    from filelock import FileLock
+
+    cache = tmp_path / "cache"
+    assert run_cli("warm", "demo", "--root", str(demo_root), "--cache-dir", str(cache)).returncode == 0
+    first, second = sorted(cache.rglob("segments/*.arrow"))[:2]
+    dataset_dir = first.parent.parent
+    stale = [
+        first.with_name(first.name + ".tmp"),  # an interrupted build
+        first.with_name(f".{first.stem}.json.abc123.tmp"),  # an interrupted sidecar write
+        dataset_dir / ".index.json.xyz789.tmp",  # an interrupted index write, old
+    ]
+    fresh_index_tmp = dataset_dir / ".index.json.new000.tmp"  # maybe another process writing it right now
+    building = second.with_name(second.name + ".tmp")  # a build under way in another process: locked
+    for path in [*stale, fresh_index_tmp, building]:
+        path.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(stale[2], (old, old))
+
+    with FileLock(second.with_suffix(".lock")):
+        report = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
+        assert report.returncode == 0, report.stdout
+        assert "3 segments checked, 0 not built, 0 damaged" in report.stdout
+        assert [p.exists() for p in stale] == [False, False, False]
+        assert fresh_index_tmp.exists() and building.exists()
+    with ServerProcess([demo_root], cache) as server:
+        response = httpx.get(f"{server.url}/datasets/demo/rows", timeout=60)
+        assert_tables_equal(read_stream(response.content), oracle(demo_root / "demo", None))
+    assert not building.exists()  # its lock is free now: the next start removes it
