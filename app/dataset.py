@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from app.cold_reads import ParquetRows
+from app.cold_reads import ParquetRows, cold_read_memory
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
 from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
@@ -317,10 +317,13 @@ class Dataset:
             sources[number] = segment or self.segments.open(source, index.schema)
         return sources
 
-    @staticmethod
-    def _cold_take(index: EpisodeIndex, parquet: ParquetRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+    def _cold_take(
+        self, index: EpisodeIndex, parquet: ParquetRows, rows: np.ndarray, names: list[str] | None
+    ) -> pa.Table:
+        budget = cold_read_memory(self.limits.cold_read_memory)
         try:
-            return parquet.take(rows, index.schema, names)
+            with budget.reserve(parquet.read_memory(rows)):
+                return parquet.take(rows, index.schema, names)
         except (OSError, IndexError, pa.ArrowException) as exc:  # the file changed under us: reload, retry
             raise SourceChanged(str(parquet.path)) from exc
 
