@@ -85,7 +85,7 @@ class Dataset:
         self.episode_column = episode_column
         self.limits = limits
         self.segments = SegmentStore(cache_dir / "segments", path, lru, limits.build_batch_bytes, limits.verify_on_open)
-        clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
+        self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
         self._lock = threading.Lock()
         self._layout: Layout | None = None
         self._index: EpisodeIndex | None = None
