@@ -245,6 +245,8 @@ def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> in
         print(f"removed {removed.path.relative_to(settings.cache_dir)} ({removed.nbytes} bytes)")
     for skipped in cleanup.skipped:
         print(f"skipped {skipped.relative_to(settings.cache_dir)}: being built")
+    for dataset_id, problem in cleanup.unreadable.items():
+        print(f"skipped {dataset_id}: cannot read the dataset ({problem})", file=sys.stderr)
     print(f"{len(cleanup.removed)} files removed, {cleanup.nbytes} bytes freed ({cleanup.nbytes / 2**20:.1f} MiB)")
     return 0
 

@@ -20,6 +20,7 @@ from filelock import FileLock, Timeout
 
 from app.dataset import Dataset
 from app.episode_spec import EpisodeRanges
+from app.errors import EpiserveError
 from app.segments import ProgressCallback, Removed, SegmentStore, clean_temps
 
 log = logging.getLogger("episerve.cache")
@@ -166,6 +167,7 @@ class Cleanup:
 
     removed: list[Removed] = field(default_factory=list)
     skipped: list[Path] = field(default_factory=list)  # segments being built right now
+    unreadable: dict[str, str] = field(default_factory=dict)  # dataset id -> why its cache was left alone
 
     @property
     def nbytes(self) -> int:
@@ -195,11 +197,17 @@ def prune(cache_root: Path, datasets: list[Dataset]) -> Cleanup:
     for directory in directories:
         dataset = current.get(directory.name)
         if dataset is None:
-            cleanup.removed += clear([directory]).removed
+            orphan = clear([directory])
+            cleanup.removed += orphan.removed
+            cleanup.skipped += orphan.skipped
             _remove_directory(directory, cleanup)
             continue
         cleanup.removed += dataset.cleaned + clean_temps(directory)
-        index = dataset.index()
+        try:
+            index = dataset.index()
+        except EpiserveError as exc:  # cannot tell which segments are current: keep them all
+            cleanup.unreadable[dataset.id] = exc.detail
+            continue
         valid = {
             SegmentStore.segment_name(source.path)
             for source in index.files
