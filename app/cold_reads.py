@@ -55,7 +55,7 @@ class ParquetRows:
 
         Row groups are read one at a time and only the wanted rows of each are kept, so the peak memory is about
         one decoded row group whatever the number of groups touched."""
-        wanted = schema if columns is None else pa.schema([schema.field(name) for name in columns])
+        wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
         present = set(self.file.schema_arrow.names)
         read_columns = [name for name in wanted.names if name in present]
         group_of = np.searchsorted(self.offsets, rows, side="right") - 1
