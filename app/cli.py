@@ -1,4 +1,4 @@
-"""`episerve-server`: serve datasets, warm or verify their caches, or write a demo dataset.
+"""`episerve-server`: serve datasets, warm, verify or clean their caches, or write a demo dataset.
 
 Every `serve` flag has an `EPISERVE_*` environment equivalent; flags win. Flags reach the workers through the
 environment, since each uvicorn worker builds its app from it.
@@ -48,6 +48,16 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("dataset", nargs="?", help="dataset id (default: every dataset)")
     verify.add_argument("--rebuild", action="store_true", help="rebuild damaged segments instead of only reporting")
 
+    cache = commands.add_parser("cache", help="remove cached data: `clear` (all of it) or `prune` (what is stale)")
+    actions = cache.add_subparsers(dest="action", required=True)
+    clear = actions.add_parser("clear", help="remove the cached segments and index of datasets (default: all)")
+    _add_location_flags(clear)
+    clear.add_argument("datasets", nargs="*", metavar="DATASET", help="dataset ids (default: every cached dataset)")
+    prune = actions.add_parser(
+        "prune", help="remove caches of datasets and source files that are gone or changed, and leftover temps"
+    )
+    _add_location_flags(prune)
+
     demo = commands.add_parser("demo", help="write a LeRobot-format demo dataset")
     demo.add_argument("--out", type=Path, required=True, help="directory to create (must not exist or be empty)")
     demo.add_argument(
@@ -85,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return _warm(catalog, args)
     if args.command == "verify":
         return _verify(catalog, args)
+    if args.command == "cache":
+        return _cache(catalog, settings, args)
     return _serve(settings)
 
 
@@ -250,6 +262,32 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
             print(f"  {source}: {problem} -> {action}")
         damaged_left += len(report.damaged) - len(report.rebuilt)
     return 1 if damaged_left else 0
+
+
+def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> int:
+    from app.errors import ProblemError
+    from app.store.cleanup import clear, prune
+
+    try:
+        if args.action == "clear":
+            if args.datasets:
+                directories = [catalog.get(dataset_id).cache_dir for dataset_id in args.datasets]
+            else:
+                directories = sorted(p for p in (settings.cache_dir / "datasets").glob("*") if p.is_dir())
+            cleanup = clear(directories)
+        else:
+            cleanup = prune(settings.cache_dir, [catalog.get(dataset_id) for dataset_id in catalog.ids()])
+    except ProblemError as exc:
+        print(f"episerve-server cache {args.action}: {exc.detail}", file=sys.stderr)
+        return 2
+    for removed in cleanup.removed:
+        print(f"removed {removed.path.relative_to(settings.cache_dir)} ({removed.nbytes} bytes)")
+    for skipped in cleanup.skipped:
+        print(f"skipped {skipped.relative_to(settings.cache_dir)}: being built")
+    for dataset_id, problem in cleanup.unreadable.items():
+        print(f"skipped {dataset_id}: cannot read the dataset ({problem})", file=sys.stderr)
+    print(f"{len(cleanup.removed)} files removed, {cleanup.nbytes} bytes freed ({cleanup.nbytes / 2**20:.1f} MiB)")
+    return 0
 
 
 if __name__ == "__main__":

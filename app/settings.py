@@ -67,6 +67,12 @@ class Settings(BaseSettings):
         ge=0,
         description="Row-group bytes a take may decode straight from parquet while its segment builds (0: wait).",
     )
+    cold_read_memory: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Memory all cold reads of one worker may hold at once (estimated: five times the largest row "
+        "group each is decoding); more wait their turn.",
+    )
     max_concurrent_reads: int = Field(
         8, ge=1, le=1024, description="Row reads one worker runs at once; more wait (bounds memory under load)."
     )

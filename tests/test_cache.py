@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -294,3 +295,49 @@ def test_conditional_request_is_answered_without_building_and_never_for_changed_
         fresh = http.get("/datasets/demo/rows", params=params, headers={"If-None-Match": etag})
         assert fresh.status_code == 200 and fresh.headers["etag"] != etag
         assert_tables_equal(read_stream(fresh.content), oracle(root / "demo", [3, 4, 5]).select(["index"]))
+
+
+def test_cold_reads_beyond_the_worker_memory_budget_wait_their_turn_and_return_correct_rows(tmp_path: Path) -> None:
+    from app.sources import open_source
+    from app.store.cold_reads import ColdReadMemory, ColdRows, cold_read_memory
+
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=12, files=1)
+    source = sorted((root / "demo").rglob("*.parquet"))[0]
+    one_read = ColdRows(open_source(root / "demo"), source.relative_to(root / "demo").as_posix()).read_memory(
+        np.array([0])
+    )
+    dataset = make_catalog(root, tmp_path / "cache", cold_read_memory=max(one_read, 1024 * 1024)).get("demo")
+    budget = cold_read_memory(dataset.limits.cold_read_memory)
+    view = oracle(root / "demo", None)
+
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_the_budget() -> None:
+        with budget.reserve(budget.capacity):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_budget)
+    holder.start()
+    held.wait(10)
+    waits = budget.waits
+    result: list[pa.Table] = []
+    reader = threading.Thread(target=lambda: result.append(take(dataset, None, [7, 1], None).table))
+    reader.start()
+    deadline = time.monotonic() + 30
+    while budget.waits == waits:  # the cold read found the budget taken and waits
+        assert time.monotonic() < deadline and reader.is_alive()
+        time.sleep(0.01)
+    assert result == []
+    release.set()
+    reader.join(30)
+    holder.join(30)
+    assert_tables_equal(result[0], view.take(pa.array([7, 1])))
+    assert budget.in_use == 0
+
+    solo = ColdReadMemory(100)
+    with solo.reserve(10**9):  # bigger than the budget: takes all of it, runs alone, never deadlocks
+        assert solo.in_use == 100
+    assert solo.in_use == 0 and solo.waits == 0

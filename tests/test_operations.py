@@ -238,3 +238,134 @@ def test_requests_never_write_into_the_dataset_roots(demo_root: Path, tmp_path: 
         http.get("/datasets/demo/cache")
         http.get("/datasets/..%2F..%2Fetc/rows")
     assert tree_digest(demo_root) == before
+
+
+def test_segment_truncated_under_a_running_server_is_rebuilt_and_the_worker_survives(
+    demo_root: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    expected = oracle(demo_root / "demo", None)
+    with ServerProcess([demo_root], cache, workers=1) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        assert_tables_equal(read_stream(http.get("/datasets/demo/rows").content), expected)  # every segment mapped
+        segment = sorted(cache.rglob("segments/*.arrow"))[1]
+        size = segment.stat().st_size
+        os.truncate(segment, size // 3)  # in place: the worker's map now reaches past the end of the file
+
+        take = http.post("/datasets/demo/rows/take", json={"indices": [expected.num_rows - 1, 0]})
+        assert take.status_code == 200, take.text
+        assert_tables_equal(read_stream(take.content), expected.take([expected.num_rows - 1, 0]))
+        assert_tables_equal(read_stream(http.get("/datasets/demo/rows").content), expected)
+        assert server.process is not None and server.process.poll() is None
+        assert segment.stat().st_size == size  # rebuilt
+
+        os.truncate(segment, size // 2)
+        report = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
+        assert report.returncode == 1
+        assert f"size {size // 2} differs from the sidecar's {size}" in report.stdout
+
+
+def test_leftover_temps_are_cleaned_at_start_and_not_reported_by_verify(demo_root: Path, tmp_path: Path) -> None:
+    from filelock import FileLock
+
+    cache = tmp_path / "cache"
+    assert run_cli("warm", "demo", "--root", str(demo_root), "--cache-dir", str(cache)).returncode == 0
+    first, second = sorted(cache.rglob("segments/*.arrow"))[:2]
+    dataset_dir = first.parent.parent
+    stale = [
+        first.with_name(first.name + ".tmp"),  # an interrupted build
+        first.with_name(f".{first.stem}.json.abc123.tmp"),  # an interrupted sidecar write
+        dataset_dir / ".index.json.xyz789.tmp",  # an interrupted index write, old
+    ]
+    fresh_index_tmp = dataset_dir / ".index.json.new000.tmp"  # maybe another process writing it right now
+    building = second.with_name(second.name + ".tmp")  # a build under way in another process: locked
+    for path in [*stale, fresh_index_tmp, building]:
+        path.write_bytes(b"partial")
+    old = time.time() - 3600
+    os.utime(stale[2], (old, old))
+
+    with FileLock(second.with_suffix(".lock")):
+        report = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
+        assert report.returncode == 0, report.stdout
+        assert "3 segments checked, 0 not built, 0 damaged" in report.stdout
+        assert [p.exists() for p in stale] == [False, False, False]
+        assert fresh_index_tmp.exists() and building.exists()
+    with ServerProcess([demo_root], cache) as server:
+        response = httpx.get(f"{server.url}/datasets/demo/rows", timeout=60)
+        assert_tables_equal(read_stream(response.content), oracle(demo_root / "demo", None))
+    assert not building.exists()  # its lock is free now: the next start removes it
+
+
+def _copy_dataset(source: Path, target: Path) -> Path:
+    import shutil
+
+    shutil.copytree(source, target)
+    return target
+
+
+def test_cache_clear_removes_segments_and_index_of_named_datasets_and_skips_builds(
+    demo_root: Path, tmp_path: Path
+) -> None:
+    from filelock import FileLock
+
+    root = tmp_path / "root"
+    _copy_dataset(demo_root / "demo", root / "demo")
+    _copy_dataset(demo_root / "demo", root / "other")
+    cache = tmp_path / "cache"
+    for dataset in ("demo", "other"):
+        assert run_cli("warm", dataset, "--root", str(root), "--cache-dir", str(cache)).returncode == 0
+    demo_dir, other_dir = sorted((cache / "datasets").iterdir())
+    demo_bytes = sum(p.stat().st_size for p in demo_dir.rglob("*") if p.suffix in (".arrow", ".json"))
+
+    cleared = run_cli("cache", "clear", "demo", "--root", str(root), "--cache-dir", str(cache))
+    assert cleared.returncode == 0, cleared.stderr
+    assert f"7 files removed, {demo_bytes} bytes freed" in cleared.stdout  # 3 segments + 3 sidecars + index
+    assert f"removed datasets/{demo_dir.name}/index.json" in cleared.stdout
+    assert sorted(demo_dir.rglob("*.arrow")) == [] and not (demo_dir / "index.json").exists()
+    assert len(sorted(other_dir.rglob("*.arrow"))) == 3  # another dataset's cache is untouched
+
+    with ServerProcess([root], cache) as server:  # a cleared cache is rebuilt on demand
+        response = httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "1-2"}, timeout=60)
+        assert_tables_equal(read_stream(response.content), oracle(root / "demo", [1, 2]))
+        building = sorted(other_dir.rglob("*.arrow"))[0]
+        with FileLock(building.with_suffix(".lock")):  # as a builder in another process holds it
+            everything = run_cli("cache", "clear", "--root", str(root), "--cache-dir", str(cache))
+        assert everything.returncode == 0, everything.stderr
+        assert f"skipped datasets/{other_dir.name}/segments/{building.name}: being built" in everything.stdout
+        assert sorted(p.name for p in cache.rglob("*.arrow")) == [building.name]
+        response = httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "1-2"}, timeout=60)
+        assert_tables_equal(read_stream(response.content), oracle(root / "demo", [1, 2]))
+
+
+def test_cache_prune_removes_gone_datasets_changed_sources_and_temps_only(demo_root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "root"
+    _copy_dataset(demo_root / "demo", root / "demo")
+    _copy_dataset(demo_root / "demo", root / "gone")
+    cache = tmp_path / "cache"
+    for dataset in ("demo", "gone"):
+        assert run_cli("warm", dataset, "--root", str(root), "--cache-dir", str(cache)).returncode == 0
+    gone_dir = next(p for p in (cache / "datasets").iterdir() if p.name.startswith("gone-"))
+    demo_dir = next(p for p in (cache / "datasets").iterdir() if p.name.startswith("demo-"))
+    gone_bytes = sum(p.stat().st_size for p in gone_dir.rglob("*") if p.is_file())
+    shutil.rmtree(root / "gone")
+    sources = sorted((root / "demo").rglob("*.parquet"))
+    first = sources[0]
+    os.utime(first, (time.time() + 5, time.time() + 5))  # a changed source: its segment is stale
+    stale_segment = next(p for p in demo_dir.rglob("*.arrow") if p.name.startswith(first.stem))
+    stale_bytes = stale_segment.stat().st_size + stale_segment.with_suffix(".json").stat().st_size
+    leftover = stale_segment.with_name("zzz-interrupted.arrow.tmp")
+    leftover.write_bytes(b"x" * 100)
+    kept = sorted(p for p in demo_dir.rglob("*.arrow") if p != stale_segment)
+
+    pruned = run_cli("cache", "prune", "--root", str(root), "--cache-dir", str(cache))
+    assert pruned.returncode == 0, pruned.stderr
+    assert not gone_dir.exists()
+    assert f"segments/{stale_segment.name}" in pruned.stdout
+    assert f"segments/{leftover.name} (100 bytes)" in pruned.stdout
+    assert f"{gone_bytes + stale_bytes + 100} bytes freed" in pruned.stdout
+    assert not stale_segment.exists() and not leftover.exists()
+    assert sorted(demo_dir.rglob("*.arrow")) == kept  # current segments stay
+
+    again = run_cli("cache", "prune", "--root", str(root), "--cache-dir", str(cache))
+    assert again.returncode == 0 and "0 files removed, 0 bytes freed" in again.stdout

@@ -111,9 +111,9 @@ class ParquetRowGroups:
         self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         self.sizes = np.array([metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)])
 
-    def read(self, groups: list[int], schema: pa.Schema) -> pa.Table:
-        table = self.file.read_row_groups(groups, use_threads=False)
-        return pa.Table.from_batches([conform_batch(b, schema) for b in table.to_batches()], schema=schema)
+    def read(self, group: int, wanted: pa.Schema) -> pa.Table:
+        present = set(self.file.schema_arrow.names)
+        return self.file.read_row_group(group, columns=[n for n in wanted.names if n in present], use_threads=False)
 
 
 def parquet_files(root: Path, under: Path) -> list[str]:

@@ -61,8 +61,9 @@ class RowGroups(Protocol):
     offsets: np.ndarray  # first row of each row group, plus the file's row count at the end
     sizes: np.ndarray  # decoded bytes of each row group
 
-    def read(self, groups: list[int], schema: pa.Schema) -> pa.Table:
-        """The rows of `groups` (ascending), conformed to `schema`."""
+    def read(self, group: int, wanted: pa.Schema) -> pa.Table:
+        """The rows of row group `group`: those columns of `wanted` the file has (`conform_batch` makes them
+        `wanted`)."""
         ...
 
 

@@ -20,9 +20,17 @@ import pyarrow as pa
 from app.errors import TryLater, WouldBlock
 from app.settings import Settings
 from app.sources import DatasetInfo, Source, open_source
-from app.store.cold_reads import ColdRows
+from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex, load_or_build_index
-from app.store.segments import BuildProgress, ProgressCallback, Segment, SegmentLRU, SegmentStore, SourceChanged
+from app.store.segments import (
+    BuildProgress,
+    ProgressCallback,
+    Segment,
+    SegmentLRU,
+    SegmentStore,
+    SourceChanged,
+    clean_temps,
+)
 from app.store.views import EpisodeView
 
 _ATTEMPTS = 3
@@ -54,6 +62,7 @@ class Dataset:
         self._index: EpisodeIndex | None = None
         self._full_view: EpisodeView | None = None
         self.segments = SegmentStore(cache_dir / "segments", lru, limits.build_batch_bytes, limits.verify_on_open)
+        self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
     @staticmethod
     def cache_key(dataset_id: str, path: Path) -> str:
@@ -152,11 +161,13 @@ class Dataset:
             sources[number] = segment or self.segments.open(source, index.schema)
         return sources
 
-    @staticmethod
-    def cold_take(index: EpisodeIndex, cold: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
-        """Stored `rows` (ascending) of a file read cold; `SourceChanged` when the file changed under us."""
+    def cold_take(self, index: EpisodeIndex, cold: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+        """Stored `rows` (ascending) of a file read cold, within the worker's cold-read memory budget;
+        `SourceChanged` when the file changed under us."""
+        budget = cold_read_memory(self.limits.cold_read_memory)
         try:
-            return cold.take(rows, index.schema, names)
+            with budget.reserve(cold.read_memory(rows)):
+                return cold.take(rows, index.schema, names)
         except (OSError, IndexError, pa.ArrowException) as exc:
             raise SourceChanged(cold.path) from exc
 

@@ -33,7 +33,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import xxhash
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from app import metrics
 from app.errors import DatasetError
@@ -74,6 +74,8 @@ class Segment:
     batches: list[pa.RecordBatch]
     batch_offsets: np.ndarray  # row offset of each batch, plus the total at the end
     nbytes: int
+    path: Path | None = None  # the mapped file, re-checked by `intact`
+    inode: int | None = None
     _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
     _row_bytes: dict[tuple[str, ...] | None, float] = field(default_factory=dict, repr=False)
     _derived: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -84,6 +86,20 @@ class Segment:
     @property
     def num_rows(self) -> int:
         return int(self.batch_offsets[-1])
+
+    def intact(self) -> bool:
+        """False if the mapped file was truncated since it was mapped (one `stat`, about a microsecond).
+
+        Reading a mapped page past the end of a truncated file raises SIGBUS, which kills the worker, so every
+        request re-checks the segments it is about to read. A file replaced by a rebuild (another inode) is
+        fine: this map still holds the old, complete file."""
+        if self.path is None:
+            return True
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return True  # unlinked: the mapped inode lives on, untouched
+        return stat.st_ino != self.inode or stat.st_size >= self.nbytes
 
     def slice(self, start: int, stop: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         """Rows [start, stop) as zero-copy slices of the stored batches."""
@@ -249,7 +265,7 @@ class SegmentStore:
         if segment is not None:
             return segment
         with self._flight(key):
-            segment = self.lru.get(key, source)
+            segment = self._mapped(key, source)
             if segment is None:
                 metrics.CACHE_MISSES.inc()
                 segment = self._open_valid(paths, source, schema, self.verify_on_open)
@@ -283,9 +299,18 @@ class SegmentStore:
 
     def _open_segment(self, key: str, source: SourceFingerprint) -> Segment | None:
         """The segment from the LRU of open memory maps, counted as a cache hit."""
-        segment = self.lru.get(key, source)
+        segment = self._mapped(key, source)
         if segment is not None:
             metrics.CACHE_HITS.inc()
+        return segment
+
+    def _mapped(self, key: str, source: SourceFingerprint) -> Segment | None:
+        """The segment from the LRU of open memory maps; a truncated one is dropped (and so rebuilt)."""
+        segment = self.lru.get(key, source)
+        if segment is not None and not segment.intact():
+            log.warning("segment %s was truncated on disk; rebuilding it", Path(key).name)
+            self.lru.discard(key)
+            return None
         return segment
 
     def build_in_background(self, source: SourceFingerprint, schema: pa.Schema) -> None:
@@ -356,7 +381,8 @@ class SegmentStore:
         if sidecar is None:
             return None
         try:
-            if paths.arrow.stat().st_size != sidecar["bytes"]:
+            stat = paths.arrow.stat()
+            if stat.st_size != sidecar["bytes"]:
                 return None
             if verify and file_checksum(paths.arrow) != sidecar.get("checksum"):
                 log.warning("segment %s fails its checksum; rebuilding it", paths.arrow.name)
@@ -371,7 +397,7 @@ class SegmentStore:
         np.cumsum([b.num_rows for b in batches], out=offsets[1:])
         if offsets[-1] != sidecar["rows"] or offsets[-1] != source.rows:
             return None
-        return Segment(paths.arrow.stem, source, batches, offsets, sidecar["bytes"])
+        return Segment(paths.arrow.stem, source, batches, offsets, sidecar["bytes"], paths.arrow, stat.st_ino)
 
     def _read_sidecar(self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema) -> dict | None:
         try:
@@ -476,6 +502,66 @@ class SegmentStore:
     def _check_unchanged(self, source: SourceFingerprint) -> None:
         if not self._source_files().is_unchanged(source):
             raise SourceChanged(f"{source.path} changed")
+
+
+TEMP_MAX_AGE_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Removed:
+    """A file removed from the cache, and its size."""
+
+    path: Path
+    nbytes: int
+
+
+def clean_temps(cache_dir: Path, max_age: float = TEMP_MAX_AGE_SECONDS) -> list[Removed]:
+    """Remove temporary files that interrupted writes left in a dataset's cache directory.
+
+    A segment's temps (`<name>.arrow.tmp`, its sidecar's `.<name>.json.*.tmp`) are only written under the
+    segment's file lock, so they are removed only when that lock is free: a build running in another process
+    (or thread) keeps its temp. Other temps (the index's `.index.json.*.tmp`) are written in one short call and
+    are removed once older than `max_age` seconds."""
+    removed: list[Removed] = []
+    segments = cache_dir / "segments"
+    for tmp in sorted(segments.glob("*.tmp")) if segments.is_dir() else []:
+        name = tmp.name.removesuffix(".arrow.tmp") if tmp.name.endswith(".arrow.tmp") else _sidecar_stem(tmp.name)
+        if name is None:
+            removed += _remove_if_old(tmp, max_age)
+            continue
+        try:
+            with FileLock(segments / f"{name}.lock", timeout=0):
+                removed += _remove(tmp)
+        except Timeout:
+            continue  # being written right now
+    for tmp in sorted(cache_dir.glob(".*.tmp")) if cache_dir.is_dir() else []:
+        removed += _remove_if_old(tmp, max_age)
+    return removed
+
+
+def _sidecar_stem(name: str) -> str | None:
+    """`<name>` of a sidecar temp `.<name>.json.<random>.tmp` (see `app.files.write_atomically`), else None."""
+    if not name.startswith(".") or ".json." not in name:
+        return None
+    return name[1:].rsplit(".json.", 1)[0]
+
+
+def _remove_if_old(path: Path, max_age: float) -> list[Removed]:
+    try:
+        if time.time() - path.stat().st_mtime < max_age:
+            return []
+    except OSError:
+        return []
+    return _remove(path)
+
+
+def _remove(path: Path) -> list[Removed]:
+    try:
+        nbytes = path.stat().st_size
+        path.unlink()
+    except OSError:
+        return []
+    return [Removed(path, nbytes)]
 
 
 @functools.cache

@@ -1,0 +1,106 @@
+"""Cache clean-up: remove cached data (`clear`) or what no longer serves anything (`prune`), safely beside
+running servers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from app.errors import ProblemError
+from app.store.dataset import Dataset
+from app.store.segments import Removed, SegmentStore, clean_temps
+
+
+@dataclass
+class Cleanup:
+    """What `clear` or `prune` removed, and what they left because a build held it."""
+
+    removed: list[Removed] = field(default_factory=list)
+    skipped: list[Path] = field(default_factory=list)  # segments being built right now
+    unreadable: dict[str, str] = field(default_factory=dict)  # dataset id -> why its cache was left alone
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.removed)
+
+
+def clear(dataset_dirs: list[Path]) -> Cleanup:
+    """Remove every cached segment and the episode index of these dataset cache directories.
+
+    Safe beside running servers: a segment is removed under its file lock, so one being built is skipped, and a
+    worker that has the old file mapped keeps reading it (an unlinked file lives on until unmapped); the lock
+    files themselves stay, since another process may be waiting on one."""
+    cleanup = Cleanup()
+    for directory in dataset_dirs:
+        _remove_segments(directory, set(), cleanup)
+        cleanup.removed += clean_temps(directory)
+        cleanup.removed += _remove_file(directory / "index.json")
+    return cleanup
+
+
+def prune(cache_root: Path, datasets: list[Dataset]) -> Cleanup:
+    """Remove what serves nothing any more: caches of datasets no root offers, segments of source files that are
+    gone or changed (or whose sidecar is missing or stale), and temps of interrupted writes."""
+    cleanup = Cleanup()
+    current = {dataset.cache_dir.name: dataset for dataset in datasets}
+    directories = sorted(p for p in (cache_root / "datasets").glob("*") if p.is_dir())
+    for directory in directories:
+        dataset = current.get(directory.name)
+        if dataset is None:
+            orphan = clear([directory])
+            cleanup.removed += orphan.removed
+            cleanup.skipped += orphan.skipped
+            _remove_directory(directory, cleanup)
+            continue
+        cleanup.removed += dataset.cleaned + clean_temps(directory)
+        try:
+            index = dataset.index()
+        except ProblemError as exc:  # cannot tell which segments are current: keep them all
+            cleanup.unreadable[dataset.id] = exc.detail
+            continue
+        valid = {
+            SegmentStore.segment_name(source.path)
+            for source in index.files
+            if dataset.segments.built_size(source, index.schema) is not None
+        }
+        _remove_segments(directory, valid, cleanup)
+    return cleanup
+
+
+def _remove_segments(directory: Path, keep: set[str], cleanup: Cleanup) -> None:
+    """Remove the segments of `directory` (arrow, sidecar, build temp) except those named in `keep`."""
+    segments = directory / "segments"
+    names = {p.name.removesuffix(".arrow") for p in segments.glob("*.arrow")}
+    names |= {p.name.removesuffix(".json") for p in segments.glob("*.json")}
+    for name in sorted(names - keep):
+        try:
+            with FileLock(segments / f"{name}.lock", timeout=0):
+                for suffix in (".json", ".arrow", ".arrow.tmp"):
+                    cleanup.removed += _remove_file(segments / f"{name}{suffix}")
+        except Timeout:
+            cleanup.skipped.append(segments / f"{name}.arrow")
+
+
+def _remove_directory(directory: Path, cleanup: Cleanup) -> None:
+    """Remove an orphaned dataset cache: its lock files, then the directories if nothing else is left."""
+    segments = directory / "segments"
+    if any(p.name.endswith(".arrow") for p in cleanup.skipped if p.parent == segments):
+        return
+    for lock in segments.glob("*.lock"):
+        cleanup.removed += _remove_file(lock)
+    for path in (segments, directory):
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+def _remove_file(path: Path) -> list[Removed]:
+    try:
+        nbytes = path.stat().st_size
+        path.unlink()
+    except FileNotFoundError:
+        return []
+    return [Removed(path, nbytes)]
