@@ -1,8 +1,9 @@
 """The catalog: which datasets the configured roots offer, by id.
 
-A dataset id is its directory's path relative to a root, with at most one `/` (`pusht` or `lerobot/pusht`).
-Ids are validated before they touch the filesystem, and a dataset directory that resolves outside its root
-(a symlink escape) is never offered.
+A dataset id is its directory's path relative to a root, with at most one `/` (`pusht` or `lerobot/pusht`);
+a root that is itself a dataset (a LeRobot dataset, or a directory with parquet files directly in it) is served
+as that one dataset, under its directory's name. Ids are validated before they touch the filesystem, and a
+dataset directory that resolves outside its root (a symlink escape) is never offered.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from app.dataset import Dataset
 from app.errors import InvalidRequest, NotFound
-from app.layouts import is_dataset_dir
+from app.layouts import is_dataset_dir, is_dataset_root
 from app.segments import SegmentLRU
 from app.settings import Settings
 
@@ -109,8 +110,17 @@ class Catalog:
 
 
 def _datasets_below(root: Path) -> list[tuple[str, Path]]:
-    """(id, resolved path) of datasets at depth one (`name`) or two (`org/name`) below `root`."""
+    """(id, resolved path) of datasets at depth one (`name`) or two (`org/name`) below `root`, or the root itself
+    when it is a dataset (its subdirectories, such as a LeRobot dataset's data/ and meta/, are then not offered)."""
     real_root = root.resolve()
+    if is_dataset_root(root):
+        name = real_root.name
+        if not _ID_PART.match(name):
+            raise ConfigurationError(
+                f"dataset root {root} is itself a dataset, but its name {name!r} is not a valid dataset id "
+                f"(must match {_ID_PART.pattern}): rename it, or pass its parent directory as the root"
+            )
+        return [(name, real_root)]
     found = []
     for child in sorted(_subdirs(root)):
         if is_dataset_dir(child):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -131,7 +132,13 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"episerve-server demo: {exc}", file=sys.stderr)
         return 2
     print(out)
+    print(f"serve it as dataset {out.name!r} with:\n  {serve_command(out)}")
     return 0
+
+
+def serve_command(dataset_dir: Path) -> str:
+    """The command that serves one dataset directory (the root may be the dataset itself)."""
+    return f"episerve-server serve --root {shlex.quote(str(Path(dataset_dir).resolve()))}"
 
 
 def _serve(settings: Settings) -> int:

@@ -56,6 +56,14 @@ def is_dataset_dir(path: Path) -> bool:
     return data.is_dir() and any(data.rglob("*.parquet"))
 
 
+def is_dataset_root(path: Path) -> bool:
+    """Whether a configured root is itself one dataset: a LeRobot dataset (meta/info.json), or a directory with
+    parquet files directly in it. A root holding only a data/ tree stays a root of datasets (the tree is one)."""
+    if (path / LEROBOT_INFO).is_file():
+        return True
+    return any(p.suffix == ".parquet" and p.is_file() for p in _safe_iterdir(path))
+
+
 def read_layout(root: Path) -> Layout:
     """Describe the dataset directory `root` (its files relative to it, sorted)."""
     info_path = root / LEROBOT_INFO
