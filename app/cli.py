@@ -213,6 +213,8 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
         print(
             f"{dataset_id}: {report.checked} segments checked, {report.absent} not built, {len(report.damaged)} damaged"
         )
+        if report.index_problem is not None:
+            print(f"  index.json: {report.index_problem} -> rebuilt")
         for source, problem in report.damaged.items():
             action = "rebuilt" if source in report.rebuilt else "NOT rebuilt (use --rebuild)"
             print(f"  {source}: {problem} -> {action}")

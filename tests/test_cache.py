@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from app.catalog import Catalog
 from app.demo import write_demo_dataset
 from app.settings import Settings
-from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
+from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream, write_generic_dataset
 
 
 def make_catalog(root: Path, cache: Path, **overrides: object) -> Catalog:
@@ -293,3 +295,101 @@ def test_conditional_request_is_answered_without_building_and_never_for_changed_
         fresh = http.get("/datasets/demo/rows", params=params, headers={"If-None-Match": etag})
         assert fresh.status_code == 200 and fresh.headers["etag"] != etag
         assert_tables_equal(read_stream(fresh.content), oracle(root / "demo", [3, 4, 5]).select(["index"]))
+
+
+def _tamper_with_index(cache: Path, swap: tuple[int, int], fix_checksum: bool) -> None:
+    """Swap two episode ids in the persisted index, keeping it valid JSON (and, with `fix_checksum`, recomputing
+    its checksum the way it is computed, as someone who read the code would)."""
+    (path,) = cache_files(cache, "index.json")
+    doc = orjson.loads(path.read_bytes())
+    a, b = swap
+    doc["runs"]["episode"] = [b if e == a else a if e == b else e for e in doc["runs"]["episode"]]
+    if fix_checksum:
+        content = {k: v for k, v in doc.items() if k != "checksum"}
+        doc["checksum"] = "sha256:" + hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    path.write_bytes(orjson.dumps(doc))
+
+
+@pytest.mark.parametrize("fix_checksum", [False, True], ids=["stale-checksum", "fixed-checksum"])
+def test_tampered_index_is_discarded_rebuilt_and_reported_by_verify(tmp_path: Path, fix_checksum: bool) -> None:
+    from tests.test_operations import run_cli
+
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=20, files=2)
+    cache = tmp_path / "cache"
+    expected = oracle(root / "demo", [10, 11])
+    make_catalog(root, cache).get("demo").index()
+    _tamper_with_index(cache, (10, 11), fix_checksum)
+
+    with ServerProcess([root], cache) as server:
+        response = httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "10,11"}, timeout=60)
+        assert response.status_code == 200
+        assert_tables_equal(read_stream(response.content), expected)
+        only_11 = read_stream(httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "11"}).content)
+        assert set(only_11["episode_index"].to_pylist()) == {11}
+    assert "discarding the episode index" in server.log_path.read_text()
+
+    _tamper_with_index(cache, (10, 11), fix_checksum)
+    report = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
+    assert report.returncode == 0, report.stderr
+    if fix_checksum:  # only the sources tell
+        assert "index.json: it has episode 10 at rows" in report.stdout
+        assert "where the sources say episode 10 at rows" in report.stdout
+    else:
+        assert "index.json: its checksum does not match its content -> rebuilt" in report.stdout
+    assert "-> rebuilt" in report.stdout
+    clean = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
+    assert "index.json" not in clean.stdout
+
+
+def test_tampered_index_of_a_generic_dataset_is_found_by_verify_and_never_served_after(tmp_path: Path) -> None:
+    from tests.test_operations import run_cli
+
+    root = tmp_path / "root"
+    write_generic_dataset(root / "generic")
+    cache = tmp_path / "cache"
+    make_catalog(root, cache).get("generic").index()
+    _tamper_with_index(cache, (1, 7), fix_checksum=False)
+    served = make_catalog(root, cache).get("generic").read_slice([(1, 1)], 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(served.batches, served.schema), oracle(root / "generic", [1]))
+
+    _tamper_with_index(cache, (1, 7), fix_checksum=True)  # consistent on its face: only the sources tell
+    report = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
+    assert "generic: " in report.stdout and "index.json: it has episode" in report.stdout
+    assert "where the sources say" in report.stdout and "-> rebuilt" in report.stdout
+    served = make_catalog(root, cache).get("generic").read_slice([(1, 1), (7, 7)], 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(served.batches, served.schema), oracle(root / "generic", [1, 7]))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["overlap", "past_the_file", "gap", "unknown_file"],
+)
+def test_index_whose_runs_do_not_tile_the_files_is_rebuilt(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "root"
+    write_generic_dataset(root / "generic")
+    cache = tmp_path / "cache"
+    make_catalog(root, cache).get("generic").index()
+    (path,) = cache_files(cache, "index.json")
+    doc = orjson.loads(path.read_bytes())
+    runs = doc["runs"]
+    if damage == "overlap":
+        runs["start"][1] -= 1
+    elif damage == "past_the_file":
+        last = max(range(len(runs["stop"])), key=lambda i: (runs["file"][i], runs["stop"][i]))
+        runs["stop"][last] += 5
+    elif damage == "gap":
+        runs["stop"][0] -= 1
+    else:
+        runs["file"][0] = 9
+    content = {k: v for k, v in doc.items() if k != "checksum"}
+    doc["checksum"] = "sha256:" + hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    path.write_bytes(orjson.dumps(doc))
+
+    from app.episode_index import read_persisted_index
+
+    index, problem = read_persisted_index(path, "episode_index")
+    assert index is None and problem is not None
+    served = make_catalog(root, cache).get("generic").read_slice(None, 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(served.batches, served.schema), oracle(root / "generic", None))
+    assert read_persisted_index(path, "episode_index")[1] is None  # rebuilt
