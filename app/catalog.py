@@ -21,7 +21,6 @@ from app.segments import SegmentLRU
 from app.settings import Settings
 
 _ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-_RESCAN_INTERVAL_S = 5.0
 
 
 class ConfigurationError(Exception):
@@ -87,7 +86,7 @@ class Catalog:
     def get(self, dataset_id: str) -> Dataset:
         """The dataset with this id; NotFound if no root offers it."""
         validate_dataset_id(dataset_id)
-        if dataset_id not in self._paths and time.monotonic() - self._scanned_at > _RESCAN_INTERVAL_S:
+        if dataset_id not in self._paths and time.monotonic() - self._scanned_at >= self.settings.rescan_interval_s:
             with contextlib.suppress(ConfigurationError):  # keep serving what was valid until the next start
                 self.scan()
         path = self._paths.get(dataset_id)

@@ -2,14 +2,17 @@
 
 Every read works on one snapshot of the episode index. Source files a read touches are checked against the
 snapshot's fingerprints first; when one changed, the index is reloaded and the read starts over, so a stale
-row is never served.
+row is never served. Every `rescan_interval_s`, the dataset's directories, metadata files and source files are
+stat'ed again, so files added, removed or rewritten are noticed (and the index rebuilt) without a restart.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +24,9 @@ import pyarrow as pa
 from app.cold_reads import ParquetRows
 from app.episode_index import EpisodeIndex, load_or_build_index
 from app.episode_spec import EpisodeRanges, resolve_episodes
-from app.errors import InvalidRequest, TooLarge, Unavailable, WouldBlock
+from app.errors import DatasetError, InvalidRequest, TooLarge, Unavailable, WouldBlock
 from app.gather import gather
-from app.layouts import Layout, read_layout
+from app.layouts import Layout, read_layout, stamp, watched_paths
 from app.segments import Segment, SegmentLRU, SegmentStore, SourceChanged
 from app.settings import Settings
 from app.views import EpisodeView
@@ -33,6 +36,7 @@ _ATTEMPTS = 3
 _ROW_SLICE_MAX = 4096  # up to this many wide rows, gather by per-row slices (see _gather_row_slices)
 _WIDE_ROW_BYTES = 2048
 T = TypeVar("T")
+log = logging.getLogger("episerve.cache")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,11 @@ class Dataset:
         self._lock = threading.Lock()
         self._layout: Layout | None = None
         self._index: EpisodeIndex | None = None
+        self._watched: list[str] = []
+        self._stamp: tuple = ()
+        self._looking = threading.Lock()
+        self._looked_at = 0.0  # time.monotonic() of the last look at the files
+        self.checked_at: float | None = None  # epoch seconds of the same moment
 
     @staticmethod
     def cache_key(dataset_id: str, path: Path) -> str:
@@ -103,15 +112,59 @@ class Dataset:
         return self._layout
 
     def index(self) -> EpisodeIndex:
-        """The current episode index snapshot, opened on first use."""
+        """The current episode index snapshot, opened on first use, and re-checked against the files on disk
+        when `rescan_interval_s` has passed since the last look."""
         with self._lock:
             if self._index is None:
-                self._layout = read_layout(self.path)
-                self.episode_column = self._layout.episode_column or self.default_episode_column
-                self._index = load_or_build_index(
-                    self.path, self._layout, self.episode_column, self.cache_dir / "index.json"
-                )
-            return self._index
+                self._load()
+            index = self._index
+        assert index is not None
+        return self._look_again(index) if self._look_due() else index
+
+    def _load(self) -> None:
+        """Read the layout and the index (the caller holds `_lock`). The directories are stamped before they are
+        listed, so a file added meanwhile is noticed at the next look."""
+        self._mark_looked()
+        watched = watched_paths(self.path)
+        stamped = stamp(watched)
+        layout = read_layout(self.path)
+        column = layout.episode_column or self.default_episode_column
+        self._index = load_or_build_index(self.path, layout, column, self.cache_dir / "index.json")
+        self._layout, self.episode_column, self._watched, self._stamp = layout, column, watched, stamped
+
+    def _mark_looked(self) -> None:
+        self._looked_at, self.checked_at = time.monotonic(), time.time()
+
+    def _look_due(self) -> bool:
+        return time.monotonic() - self._looked_at >= self.limits.rescan_interval_s
+
+    def _look_again(self, index: EpisodeIndex) -> EpisodeIndex:
+        """`index`, or a rebuilt one when files were added, removed or changed since it was read. One thread looks
+        at a time; the others go on with the snapshot they have."""
+        if not self._looking.acquire(blocking=False):
+            return index
+        try:
+            self._mark_looked()
+            if stamp(self._watched) == self._stamp and self._sources_unchanged(index):
+                return index
+            log.info("dataset %s: source files or metadata changed; re-reading its index", self.id)
+            with self._lock:
+                if self._index is index:
+                    try:
+                        self._load()
+                    except DatasetError as exc:  # e.g. a file still being written: keep the snapshot, look again
+                        log.warning("dataset %s: cannot re-read its index yet: %s", self.id, exc.detail)
+                        self._index = index
+                return self._index or index
+        finally:
+            self._looking.release()
+
+    def _sources_unchanged(self, index: EpisodeIndex) -> bool:
+        try:
+            self._ensure_fresh(index, range(len(index.files)))
+        except SourceChanged:
+            return False
+        return True
 
     def reload(self, seen: EpisodeIndex | None = None) -> EpisodeIndex:
         """Re-read the layout and fingerprints (unless another thread already replaced `seen`)."""
@@ -409,9 +462,9 @@ class Dataset:
         """`attempt` on the current index, reloaded and retried when a source file changed under it. Unless it
         `waits`, an index that still has to be loaded or reloaded raises `WouldBlock` instead."""
         index = self._index
-        if index is None:
+        if index is None or self._look_due():
             if not waits:
-                raise WouldBlock(f"the index of dataset {self.id!r} is not loaded yet")
+                raise WouldBlock(f"the index of dataset {self.id!r} is not loaded yet, or its files are due a look")
             index = self.index()
         for _ in range(_ATTEMPTS):
             try:

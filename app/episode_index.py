@@ -34,22 +34,38 @@ from app.layouts import EpisodeRun, Layout, episode_runs_from_metadata
 if TYPE_CHECKING:
     from app.views import EpisodeView
 
-INDEX_FORMAT = 3
+INDEX_FORMAT = 4
 log = logging.getLogger("episerve.cache")
 
 
 @dataclass(frozen=True)
 class SourceFingerprint:
-    """Identity of one source file's content: any change to it invalidates that file's segment."""
+    """Identity of one source file's content: any change to it invalidates that file's segment.
+
+    Freshness is decided from one `stat`, with no read: a file is unchanged while its size, mtime, inode and ctime
+    all match. Size and mtime alone miss a same-size rewrite whose mtime was restored (`cp -p`, `rsync -t`);
+    ctime cannot be set from user space and moves on every write, rename-over or `utime`, and the inode changes
+    when a file is replaced by another one. The price: a `chmod`/`chown` of a source file also moves its ctime, so
+    its segment is rebuilt once.
+    """
 
     path: str
     size: int
     mtime_ns: int
+    ctime_ns: int
+    inode: int
     rows: int
     schema_hash: str
 
     def same_file(self, stat: os.stat_result) -> bool:
-        return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
+        """Whether `stat` (of this fingerprint's path) describes the same content. The one freshness rule: index
+        load, segment sidecars and per-request checks all use it."""
+        return (
+            stat.st_ctime_ns == self.ctime_ns
+            and stat.st_mtime_ns == self.mtime_ns
+            and stat.st_size == self.size
+            and stat.st_ino == self.inode
+        )
 
 
 def schema_hash(schema: pa.Schema) -> str:
@@ -66,7 +82,10 @@ def fingerprint_file(root: Path, rel: str) -> tuple[SourceFingerprint, pa.Schema
         schema = meta.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         raise DatasetError(f"source file {rel!r} is unreadable: {exc}") from exc
-    return SourceFingerprint(rel, stat.st_size, stat.st_mtime_ns, meta.num_rows, schema_hash(schema)), schema
+    fingerprint = SourceFingerprint(
+        rel, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, meta.num_rows, schema_hash(schema)
+    )
+    return fingerprint, schema
 
 
 @dataclass

@@ -7,6 +7,7 @@ reads frame data. `episode_runs_from_metadata` may return None, in which case th
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,37 @@ def is_dataset_root(path: Path) -> bool:
     if (path / LEROBOT_INFO).is_file():
         return True
     return any(p.suffix == ".parquet" and p.is_file() for p in _safe_iterdir(path))
+
+
+def watched_paths(root: Path) -> list[str]:
+    """What to stat to notice that a dataset's file set or metadata changed: every directory of its data tree
+    (a file added, removed or renamed in a directory moves the directory's mtime), and every metadata file (LeRobot
+    appends to `meta/` files in place). Listed once per index load; checking them is a `stat` each."""
+    if (root / LEROBOT_INFO).is_file():
+        trees, files = [root / "data", root / "meta"], [root / LEROBOT_INFO]
+        paths = [str(root)]
+    else:
+        trees, files, paths = [root], [root / GENERIC_SETTINGS], []
+    for tree in trees:
+        for directory, subdirs, names in os.walk(tree):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            paths.append(directory)
+            if tree.name == "meta":
+                paths.extend(os.path.join(directory, name) for name in sorted(names))
+    return paths + [str(f) for f in files if str(f) not in paths]
+
+
+def stamp(paths: list[str]) -> tuple[tuple[int, int, int, int] | None, ...]:
+    """(mtime, ctime, size, inode) of each path, None where it is missing."""
+    stamps: list[tuple[int, int, int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino))
+    return tuple(stamps)
 
 
 def read_layout(root: Path) -> Layout:

@@ -173,6 +173,7 @@ def test_warm_stops_at_a_source_that_cannot_be_converted(tmp_path: Path) -> None
     stat = broken.stat()
     broken.write_bytes(bytes(data))
     os.utime(broken, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert dataset.reload().files[3].rows == index.files[3].rows  # a new ctime: fingerprinted again, footer intact
 
     with pytest.raises(DatasetError, match="cannot convert"):
         warm(dataset)
