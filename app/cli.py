@@ -40,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     warm.add_argument("dataset", help="dataset id, e.g. lerobot/pusht")
     warm.add_argument("--episodes", help="episode spec, e.g. '0-99,120' (default: every episode)")
 
-    verify = commands.add_parser("verify", help="check cached segments against their checksums")
+    verify = commands.add_parser(
+        "verify", help="check episode indexes against the sources and cached segments against their checksums"
+    )
     _add_location_flags(verify)
     verify.add_argument("dataset", nargs="?", help="dataset id (default: every dataset)")
     verify.add_argument("--rebuild", action="store_true", help="rebuild damaged segments instead of only reporting")

@@ -70,17 +70,16 @@ def watched_paths(root: Path) -> list[str]:
     (a file added, removed or renamed in a directory moves the directory's mtime), and every metadata file (LeRobot
     appends to `meta/` files in place). Listed once per index load; checking them is a `stat` each."""
     if (root / LEROBOT_INFO).is_file():
-        trees, files = [root / "data", root / "meta"], [root / LEROBOT_INFO]
-        paths = [str(root)]
+        trees, paths = [(root / "data", False), (root / "meta", True)], [str(root)]
     else:
-        trees, files, paths = [root], [root / GENERIC_SETTINGS], []
-    for tree in trees:
+        trees, paths = [(root, False)], [str(root / GENERIC_SETTINGS)]
+    for tree, with_files in trees:
         for directory, subdirs, names in os.walk(tree):
             subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
             paths.append(directory)
-            if tree.name == "meta":
+            if with_files:
                 paths.extend(os.path.join(directory, name) for name in sorted(names))
-    return paths + [str(f) for f in files if str(f) not in paths]
+    return paths
 
 
 def stamp(paths: list[str]) -> tuple[tuple[int, int, int, int] | None, ...]:
