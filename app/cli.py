@@ -10,6 +10,7 @@ import argparse
 import difflib
 import functools
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -43,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     warm.add_argument("dataset", help="dataset id, e.g. lerobot/pusht")
     warm.add_argument("--episodes", help="episode spec, e.g. '0-99,120' (default: every episode)")
 
-    verify = commands.add_parser("verify", help="check cached segments against their checksums")
+    verify = commands.add_parser(
+        "verify", help="check episode indexes against the sources and cached segments against their checksums"
+    )
     _add_location_flags(verify)
     verify.add_argument("dataset", nargs="?", help="dataset id (default: every dataset)")
     verify.add_argument("--rebuild", action="store_true", help="rebuild damaged segments instead of only reporting")
@@ -149,7 +152,13 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"episerve-server demo: {exc}", file=sys.stderr)
         return 2
     print(out)
+    print(f"serve it as dataset {out.name!r} with:\n  {serve_command(out)}")
     return 0
+
+
+def serve_command(dataset_dir: Path) -> str:
+    """The command that serves one dataset directory (the root may be the dataset itself)."""
+    return f"episerve-server serve --root {shlex.quote(str(Path(dataset_dir).resolve()))}"
 
 
 def _serve(settings: Settings) -> int:
@@ -257,6 +266,8 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
         print(
             f"{dataset_id}: {report.checked} segments checked, {report.absent} not built, {len(report.damaged)} damaged"
         )
+        if report.index_problem is not None:
+            print(f"  index.json: {report.index_problem} -> rebuilt")
         for source, problem in report.damaged.items():
             action = "rebuilt" if source in report.rebuilt else "NOT rebuilt (use --rebuild)"
             print(f"  {source}: {problem} -> {action}")

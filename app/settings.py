@@ -82,6 +82,13 @@ class Settings(BaseSettings):
         description="Takes of at most this many bytes, and plain GET /rows slices, from already-mapped segments are "
         "answered on the event loop, without the framework and thread-pool hand-off (0: never).",
     )
+    rescan_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds between looks at a dataset's files (directory and metadata stats, one stat per source "
+        "file): added, removed or rewritten files are noticed within this time; also how often an unknown dataset "
+        "id makes the roots be listed again (0: look on every request).",
+    )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
         4 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."

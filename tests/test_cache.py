@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,7 +21,7 @@ from app.demo import write_demo_dataset
 from app.reads.service import read_slice, take
 from app.settings import Settings
 from app.store.catalog import Catalog
-from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
+from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream, write_generic_dataset
 
 
 def make_catalog(root: Path, cache: Path, **overrides: object) -> Catalog:
@@ -173,6 +175,7 @@ def test_warm_stops_at_a_source_that_cannot_be_converted(tmp_path: Path) -> None
     stat = broken.stat()
     broken.write_bytes(bytes(data))
     os.utime(broken, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert dataset.reload().files[3].rows == index.files[3].rows  # a new ctime: fingerprinted again, footer intact
 
     with pytest.raises(DatasetError, match="cannot convert"):
         warm(dataset)
@@ -341,3 +344,101 @@ def test_cold_reads_beyond_the_worker_memory_budget_wait_their_turn_and_return_c
     with solo.reserve(10**9):  # bigger than the budget: takes all of it, runs alone, never deadlocks
         assert solo.in_use == 100
     assert solo.in_use == 0 and solo.waits == 0
+
+
+def _tamper_with_index(cache: Path, swap: tuple[int, int], fix_checksum: bool) -> None:
+    """Swap two episode ids in the persisted index, keeping it valid JSON (and, with `fix_checksum`, recomputing
+    its checksum the way it is computed, as someone who read the code would)."""
+    (path,) = cache_files(cache, "index.json")
+    doc = orjson.loads(path.read_bytes())
+    a, b = swap
+    doc["runs"]["episode"] = [b if e == a else a if e == b else e for e in doc["runs"]["episode"]]
+    if fix_checksum:
+        content = {k: v for k, v in doc.items() if k != "checksum"}
+        doc["checksum"] = "sha256:" + hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    path.write_bytes(orjson.dumps(doc))
+
+
+@pytest.mark.parametrize("fix_checksum", [False, True], ids=["stale-checksum", "fixed-checksum"])
+def test_tampered_index_is_discarded_rebuilt_and_reported_by_verify(tmp_path: Path, fix_checksum: bool) -> None:
+    from tests.test_operations import run_cli
+
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=20, files=2)
+    cache = tmp_path / "cache"
+    expected = oracle(root / "demo", [10, 11])
+    make_catalog(root, cache).get("demo").index()
+    _tamper_with_index(cache, (10, 11), fix_checksum)
+
+    with ServerProcess([root], cache) as server:
+        response = httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "10,11"}, timeout=60)
+        assert response.status_code == 200
+        assert_tables_equal(read_stream(response.content), expected)
+        only_11 = read_stream(httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "11"}).content)
+        assert set(only_11["episode_index"].to_pylist()) == {11}
+    assert "discarding the episode index" in server.log_path.read_text()
+
+    _tamper_with_index(cache, (10, 11), fix_checksum)
+    report = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
+    assert report.returncode == 0, report.stderr
+    if fix_checksum:  # only the sources tell
+        assert "index.json: it has episode 10 at rows" in report.stdout
+        assert "where the sources say episode 10 at rows" in report.stdout
+    else:
+        assert "index.json: its checksum does not match its content -> rebuilt" in report.stdout
+    assert "-> rebuilt" in report.stdout
+    clean = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
+    assert "index.json" not in clean.stdout
+
+
+def test_tampered_index_of_a_generic_dataset_is_found_by_verify_and_never_served_after(tmp_path: Path) -> None:
+    from tests.test_operations import run_cli
+
+    root = tmp_path / "root"
+    write_generic_dataset(root / "generic")
+    cache = tmp_path / "cache"
+    make_catalog(root, cache).get("generic").index()
+    _tamper_with_index(cache, (1, 7), fix_checksum=False)
+    served = read_slice(make_catalog(root, cache).get("generic"), [(1, 1)], 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(served.batches, served.schema), oracle(root / "generic", [1]))
+
+    _tamper_with_index(cache, (1, 7), fix_checksum=True)  # consistent on its face: only the sources tell
+    report = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
+    assert "generic: " in report.stdout and "index.json: it has episode" in report.stdout
+    assert "where the sources say" in report.stdout and "-> rebuilt" in report.stdout
+    served = read_slice(make_catalog(root, cache).get("generic"), [(1, 1), (7, 7)], 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(served.batches, served.schema), oracle(root / "generic", [1, 7]))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["overlap", "past_the_file", "gap", "unknown_file"],
+)
+def test_index_whose_runs_do_not_tile_the_files_is_rebuilt(tmp_path: Path, damage: str) -> None:
+    root = tmp_path / "root"
+    write_generic_dataset(root / "generic")
+    cache = tmp_path / "cache"
+    make_catalog(root, cache).get("generic").index()
+    (path,) = cache_files(cache, "index.json")
+    doc = orjson.loads(path.read_bytes())
+    runs = doc["runs"]
+    if damage == "overlap":
+        runs["start"][1] -= 1
+    elif damage == "past_the_file":
+        last = max(range(len(runs["stop"])), key=lambda i: (runs["file"][i], runs["stop"][i]))
+        runs["stop"][last] += 5
+    elif damage == "gap":
+        runs["stop"][0] -= 1
+    else:
+        runs["file"][0] = 9
+    content = {k: v for k, v in doc.items() if k != "checksum"}
+    doc["checksum"] = "sha256:" + hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    path.write_bytes(orjson.dumps(doc))
+
+    from app.store.episode_index import read_persisted_index
+
+    index, problem = read_persisted_index(path, "episode_index")
+    assert index is None and problem is not None
+    served = read_slice(make_catalog(root, cache).get("generic"), None, 0, None, None, 10**9)
+    assert_tables_equal(pa.Table.from_batches(served.batches, served.schema), oracle(root / "generic", None))
+    assert read_persisted_index(path, "episode_index")[1] is None  # rebuilt

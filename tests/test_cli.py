@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from app import __version__
 from app.demo import write_demo_dataset
-from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream
+from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream, write_generic_dataset
 from tests.test_operations import run_cli
 
 
@@ -108,3 +108,39 @@ def test_unknown_dataset_names_the_roots_searched_and_close_ids(tmp_path: Path) 
         f"episerve-server verify: no dataset 'nosuch' below the roots searched ({root}); "
         "they offer 'lerobot/aloha', 'lerobot/pusht'"
     )
+
+
+def test_roots_that_are_datasets_are_served_as_one_dataset_each(tmp_path: Path) -> None:
+    write_demo_dataset(tmp_path / "pick-v3", episodes=5, seed=4, files=2)
+    write_demo_dataset(tmp_path / "pick-v21", format="v2.1", episodes=4, seed=5)
+    write_generic_dataset(tmp_path / "table")
+    roots = [tmp_path / "pick-v3", tmp_path / "pick-v21", tmp_path / "table"]
+    with ServerProcess(roots, tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+        listing = {d["id"]: d for d in http.get("/datasets").json()["datasets"]}
+        assert sorted(listing) == ["pick-v21", "pick-v3", "table"]  # no data/ or meta/ of their own
+        assert [listing[i]["format"] for i in ("pick-v3", "pick-v21", "table")] == [
+            "lerobot-v3.0",
+            "lerobot-v2.1",
+            "parquet",
+        ]
+        assert listing["pick-v3"]["fps"] == listing["pick-v21"]["fps"] == 30.0
+        for dataset_id in listing:
+            rows = read_stream(http.get(f"/datasets/{dataset_id}/rows", params={"episodes": "1-2"}).content)
+            assert_tables_equal(rows, oracle(tmp_path / dataset_id, [1, 2]))
+
+
+def test_a_dataset_root_whose_name_is_no_valid_id_is_refused_naming_the_parent(tmp_path: Path) -> None:
+    write_demo_dataset(tmp_path / "my demo", episodes=2)
+    result = run_cli("serve", "--root", str(tmp_path / "my demo"), "--cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 2
+    assert "'my demo' is not a valid dataset id" in result.stderr and "parent directory" in result.stderr
+
+
+def test_demo_prints_the_command_that_serves_it(tmp_path: Path) -> None:
+    result = run_cli("demo", "--out", str(tmp_path / "pick"), "--episodes", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        str(tmp_path / "pick"),
+        "serve it as dataset 'pick' with:",
+        f"  episerve-server serve --root {tmp_path / 'pick'}",
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,16 @@ def describe_dataset(dataset: Dataset) -> dict[str, Any]:
         "source_files": len(index.files),
         "cache": dataset.cache_status(),
         "version": index.digest,
+        "checked_at": _iso_utc(dataset.checked_at),
     }
+
+
+def _iso_utc(epoch_seconds: float | None) -> str | None:
+    """`2026-01-02T03:04:05.678Z`."""
+    if epoch_seconds is None:
+        return None
+    moment = datetime.fromtimestamp(epoch_seconds, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def list_episodes(dataset: Dataset) -> list[dict[str, Any]]:

@@ -6,13 +6,14 @@ write a module with a class implementing `Source` and recognise it in `open_sour
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from app.errors import DatasetError
 from app.sources.json_files import read_json
 from app.sources.lerobot_v21 import LeRobotV21Source
 from app.sources.lerobot_v30 import LeRobotV30Source
-from app.sources.parquet import ParquetSource, has_parquet_files
+from app.sources.parquet import GENERIC_SETTINGS, ParquetSource, has_parquet_files
 from app.sources.source import DatasetInfo, EpisodeRun, RowGroups, Source, SourceFingerprint, schema_hash
 
 __all__ = [
@@ -22,8 +23,11 @@ __all__ = [
     "Source",
     "SourceFingerprint",
     "is_dataset_dir",
+    "is_dataset_root",
     "open_source",
     "schema_hash",
+    "stamp",
+    "watched_paths",
 ]
 
 LEROBOT_INFO = Path("meta/info.json")
@@ -32,6 +36,51 @@ LEROBOT_INFO = Path("meta/info.json")
 def is_dataset_dir(path: Path) -> bool:
     """A LeRobot dataset (meta/info.json) or a directory with parquet files directly in it or under data/."""
     return (path / LEROBOT_INFO).is_file() or has_parquet_files(path)
+
+
+def is_dataset_root(path: Path) -> bool:
+    """Whether a configured root is itself one dataset: a LeRobot dataset (meta/info.json), or a directory with
+    parquet files directly in it. A root holding only a data/ tree stays a root of datasets (the tree is one)."""
+    if (path / LEROBOT_INFO).is_file():
+        return True
+    return any(p.suffix == ".parquet" and p.is_file() for p in _safe_iterdir(path))
+
+
+def watched_paths(root: Path) -> list[str]:
+    """What to stat to notice that a dataset's file set or metadata changed: every directory of its data tree
+    (a file added, removed or renamed in a directory moves the directory's mtime), and every metadata file (LeRobot
+    appends to `meta/` files in place). Listed once per index load; checking them is a `stat` each."""
+    if (root / LEROBOT_INFO).is_file():
+        trees, paths = [(root / "data", False), (root / "meta", True)], [str(root)]
+    else:
+        trees, paths = [(root, False)], [str(root / GENERIC_SETTINGS)]
+    for tree, with_files in trees:
+        for directory, subdirs, names in os.walk(tree):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            paths.append(directory)
+            if with_files:
+                paths.extend(os.path.join(directory, name) for name in sorted(names))
+    return paths
+
+
+def stamp(paths: list[str]) -> tuple[tuple[int, int, int, int] | None, ...]:
+    """(mtime, ctime, size, inode) of each path, None where it is missing."""
+    stamps: list[tuple[int, int, int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino))
+    return tuple(stamps)
+
+
+def _safe_iterdir(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []
 
 
 def open_source(root: Path) -> Source:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from app.errors import DatasetError
 from app.sources.json_files import read_json
-from app.sources.source import DatasetInfo, EpisodeRun, SourceFingerprint, conform_batch, schema_hash
+from app.sources.source import DatasetInfo, EpisodeRun, SourceFingerprint, conform_batch
 
 GENERIC_SETTINGS = Path("episerve.json")
 _MAX_BATCH_ROWS = 65_536
@@ -59,7 +59,7 @@ class ParquetSource:
             schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise DatasetError(f"source file {rel!r} is unreadable: {exc}") from exc
-        return SourceFingerprint(rel, stat.st_size, stat.st_mtime_ns, meta.num_rows, schema_hash(schema)), schema
+        return SourceFingerprint.of(rel, stat, meta.num_rows, schema), schema
 
     def is_unchanged(self, source: SourceFingerprint) -> bool:
         try:

@@ -31,16 +31,36 @@ class EpisodeRun:
 
 @dataclass(frozen=True)
 class SourceFingerprint:
-    """Identity of one source file's content: any change to it invalidates that file's segment."""
+    """Identity of one source file's content: any change to it invalidates that file's segment.
+
+    Freshness is decided from one `stat`, with no read: a file is unchanged while its size, mtime, inode and ctime
+    all match. Size and mtime alone miss a same-size rewrite whose mtime was restored (`cp -p`, `rsync -t`);
+    ctime cannot be set from user space and moves on every write, rename-over or `utime`, and the inode changes
+    when a file is replaced by another one. The price: a `chmod`/`chown` of a source file also moves its ctime, so
+    its segment is rebuilt once.
+    """
 
     path: str
     size: int
     mtime_ns: int
+    ctime_ns: int
+    inode: int
     rows: int
     schema_hash: str
 
+    @classmethod
+    def of(cls, path: str, stat: os.stat_result, rows: int, schema: pa.Schema) -> SourceFingerprint:
+        return cls(path, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, rows, schema_hash(schema))
+
     def same_file(self, stat: os.stat_result) -> bool:
-        return stat.st_size == self.size and stat.st_mtime_ns == self.mtime_ns
+        """Whether `stat` (of this fingerprint's path) describes the same content. The one freshness rule: index
+        load, segment sidecars and per-request checks all use it."""
+        return (
+            stat.st_ctime_ns == self.ctime_ns
+            and stat.st_mtime_ns == self.mtime_ns
+            and stat.st_size == self.size
+            and stat.st_ino == self.inode
+        )
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The catalog: which datasets the configured roots offer, by id.
 
-A dataset id is its directory's path relative to a root, with at most one `/` (`pusht` or `lerobot/pusht`).
-Ids are validated before they touch the filesystem, and a dataset directory that resolves outside its root
-(a symlink escape) is never offered.
+A dataset id is its directory's path relative to a root, with at most one `/` (`pusht` or `lerobot/pusht`);
+a root that is itself a dataset (a LeRobot dataset, or a directory with parquet files directly in it) is served
+as that one dataset, under its directory's name. Ids are validated before they touch the filesystem, and a
+dataset directory that resolves outside its root (a symlink escape) is never offered.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from pathlib import Path
 
 from app.errors import DoesNotExist, InvalidInput
 from app.settings import Settings
-from app.sources import is_dataset_dir
+from app.sources import is_dataset_dir, is_dataset_root
 from app.store.dataset import Dataset
 from app.store.segments import SegmentLRU
 
 _ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-_RESCAN_INTERVAL_S = 5.0
 
 
 class ConfigurationError(Exception):
@@ -86,7 +86,7 @@ class Catalog:
     def get(self, dataset_id: str) -> Dataset:
         """The dataset with this id; DoesNotExist if no root offers it."""
         validate_dataset_id(dataset_id)
-        if dataset_id not in self._paths and time.monotonic() - self._scanned_at > _RESCAN_INTERVAL_S:
+        if dataset_id not in self._paths and time.monotonic() - self._scanned_at >= self.settings.rescan_interval_s:
             with contextlib.suppress(ConfigurationError):  # keep serving what was valid until the next start
                 self.scan()
         path = self._paths.get(dataset_id)
@@ -109,8 +109,17 @@ class Catalog:
 
 
 def _datasets_below(root: Path) -> list[tuple[str, Path]]:
-    """(id, resolved path) of datasets at depth one (`name`) or two (`org/name`) below `root`."""
+    """(id, resolved path) of datasets at depth one (`name`) or two (`org/name`) below `root`, or the root itself
+    when it is a dataset (its subdirectories, such as a LeRobot dataset's data/ and meta/, are then not offered)."""
     real_root = root.resolve()
+    if is_dataset_root(root):
+        name = real_root.name
+        if not _ID_PART.match(name):
+            raise ConfigurationError(
+                f"dataset root {root} is itself a dataset, but its name {name!r} is not a valid dataset id "
+                f"(must match {_ID_PART.pattern}): rename it, or pass its parent directory as the root"
+            )
+        return [(name, real_root)]
     found = []
     for child in sorted(_subdirs(root)):
         if is_dataset_dir(child):

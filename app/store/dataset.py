@@ -2,14 +2,18 @@
 
 Every read works on one snapshot of the episode index. Source files a read touches are checked against the
 snapshot's fingerprints first; when one changed, the index is reloaded and the read starts over, so a stale
-row is never served. Reads that must not block (see `app.reads`) say so with `may_block=False`: then anything
+row is never served. Every `rescan_interval_s`, the dataset's directories, metadata files and source files are
+stat'ed again, so files added, removed or rewritten are noticed (and the index rebuilt) without a restart.
+Reads that must not block (see `app.reads`) say so with `may_block=False`: then anything
 that would load, map, build or reload raises `WouldBlock` before doing it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,9 +21,9 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from app.errors import TryLater, WouldBlock
+from app.errors import DatasetError, TryLater, WouldBlock
 from app.settings import Settings
-from app.sources import DatasetInfo, Source, open_source
+from app.sources import DatasetInfo, Source, open_source, stamp, watched_paths
 from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex, load_or_build_index
 from app.store.segments import (
@@ -35,6 +39,7 @@ from app.store.views import EpisodeView
 
 _ATTEMPTS = 3
 T = TypeVar("T")
+log = logging.getLogger("episerve.cache")
 
 RowSource = Segment | ColdRows  # where a read finds a file's rows: its segment, or (cold) the source file
 
@@ -61,6 +66,11 @@ class Dataset:
         self._source: Source | None = None
         self._index: EpisodeIndex | None = None
         self._full_view: EpisodeView | None = None
+        self._watched: list[str] = []
+        self._stamp: tuple = ()
+        self._looking = threading.Lock()
+        self._looked_at = 0.0  # time.monotonic() of the last look at the files
+        self.checked_at: float | None = None  # epoch seconds of the same moment
         self.segments = SegmentStore(cache_dir / "segments", lru, limits.build_batch_bytes, limits.verify_on_open)
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
@@ -79,15 +89,61 @@ class Dataset:
         return self._source.info
 
     def index(self) -> EpisodeIndex:
-        """The current episode index snapshot, opened on first use."""
+        """The current episode index snapshot, opened on first use, and re-checked against the files on disk
+        when `rescan_interval_s` has passed since the last look."""
         with self._lock:
             if self._index is None:
-                source = open_source(self.path)
-                self.episode_column = source.info.episode_column or self.default_episode_column
-                index = load_or_build_index(source, self.episode_column, self.cache_dir / "index.json")
-                self._source, self._index, self._full_view = source, index, EpisodeView.of(index)
-                self.segments.reader = source
-            return self._index
+                self._load()
+            index = self._index
+        assert index is not None
+        return self._look_again(index) if self._look_due() else index
+
+    def _load(self) -> None:
+        """Open the source and the index (the caller holds `_lock`). The directories are stamped before they are
+        listed, so a file added meanwhile is noticed at the next look."""
+        self._mark_looked()
+        watched = watched_paths(self.path)
+        stamped = stamp(watched)
+        source = open_source(self.path)
+        column = source.info.episode_column or self.default_episode_column
+        index = load_or_build_index(source, column, self.cache_dir / "index.json")
+        self._source, self._index, self._full_view = source, index, EpisodeView.of(index)
+        self.episode_column, self._watched, self._stamp = column, watched, stamped
+        self.segments.reader = source
+
+    def _mark_looked(self) -> None:
+        self._looked_at, self.checked_at = time.monotonic(), time.time()
+
+    def _look_due(self) -> bool:
+        return time.monotonic() - self._looked_at >= self.limits.rescan_interval_s
+
+    def _look_again(self, index: EpisodeIndex) -> EpisodeIndex:
+        """`index`, or a rebuilt one when files were added, removed or changed since it was read. One thread looks
+        at a time; the others go on with the snapshot they have."""
+        if not self._looking.acquire(blocking=False):
+            return index
+        try:
+            self._mark_looked()
+            if stamp(self._watched) == self._stamp and self._sources_unchanged(index):
+                return index
+            log.info("dataset %s: source files or metadata changed; re-reading its index", self.id)
+            with self._lock:
+                if self._index is index:
+                    try:
+                        self._load()
+                    except DatasetError as exc:  # e.g. a file still being written: keep the snapshot, look again
+                        log.warning("dataset %s: cannot re-read its index yet: %s", self.id, exc.detail)
+                        self._index = index
+                return self._index or index
+        finally:
+            self._looking.release()
+
+    def _sources_unchanged(self, index: EpisodeIndex) -> bool:
+        try:
+            self.ensure_fresh(index, range(len(index.files)))
+        except SourceChanged:
+            return False
+        return True
 
     def reload(self, seen: EpisodeIndex | None = None) -> EpisodeIndex:
         """Re-read the directory and fingerprints (unless another thread already replaced `seen`)."""
@@ -104,9 +160,9 @@ class Dataset:
     def with_fresh_index(self, attempt: Callable[[EpisodeIndex], T], may_block: bool = True) -> T:
         """`attempt` on the current index, reloaded and retried when a source file changed under it."""
         index = self._index
-        if index is None:
+        if index is None or self._look_due():
             if not may_block:
-                raise WouldBlock(f"the index of dataset {self.id!r} is not loaded yet")
+                raise WouldBlock(f"the index of dataset {self.id!r} is not loaded yet, or its files are due a look")
             index = self.index()
         for _ in range(_ATTEMPTS):
             try:

@@ -3,6 +3,11 @@
 Built at dataset open without converting anything: from LeRobot metadata when it agrees with the files' row
 counts, otherwise by reading only the episode column. Persisted as `index.json` next to the segments and reused
 while the files' fingerprints still match, so reopening a large dataset stats its files and reads nothing else.
+
+A persisted index is trusted only when its checksum matches its content, its runs tile every file's rows exactly
+(no gap, no overlap, nothing past a file's row count) and, for LeRobot datasets, its runs equal what the episode
+metadata says; anything else is logged, discarded and rebuilt, never served. `verify_persisted_index` goes
+further and re-derives the whole index from the sources.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +27,8 @@ from app.errors import DatasetError
 from app.sources import EpisodeRun, Source, SourceFingerprint, schema_hash
 from app.store.atomic_files import write_atomically
 
-INDEX_FORMAT = 2
+INDEX_FORMAT = 4
+log = logging.getLogger("episerve.cache")
 
 
 @dataclass
@@ -89,7 +96,43 @@ class EpisodeIndex:
 
 def load_or_build_index(source: Source, episode_column: str, index_path: Path) -> EpisodeIndex:
     """The dataset's episode index, reusing `index_path` for every file whose fingerprint still matches."""
-    previous = _read_persisted(index_path, episode_column)
+    previous, problem = read_persisted_index(index_path, episode_column)
+    if problem is not None:
+        log.warning("discarding the episode index %s: %s; rebuilding it", index_path, problem)
+    files, schemas = _fingerprints(source, previous)
+    if previous is not None and previous.files == files:
+        problem = _disagreement_with_metadata(source, previous)
+        if problem is None:
+            return previous
+        log.warning("discarding the episode index %s: %s; rebuilding it", index_path, problem)
+        previous = None
+    index = _build_index(source, episode_column, files, schemas, previous)
+    _persist(index_path, index, episode_column)
+    return index
+
+
+def verify_persisted_index(source: Source, episode_column: str, index_path: Path) -> str | None:
+    """None if `index_path` is absent, sound, or merely out of date (sources changed since: it is rebuilt on
+    load); else what is wrong with it. Re-derives the whole index from the sources (reads every episode column)."""
+    persisted, problem = read_persisted_index(index_path, episode_column)
+    if persisted is None:
+        return problem
+    files, schemas = _fingerprints(source, None)
+    if persisted.files != files:
+        return None
+    fresh = _build_index(source, episode_column, files, schemas, None)
+    if fresh.has_episode_column != persisted.has_episode_column:
+        return "its episode column flag differs from the sources'"
+    if not fresh.schema.equals(persisted.schema, check_metadata=True):
+        return "its unified schema differs from the sources'"
+    return _first_difference(fresh.runs(), persisted.runs(), "the sources")
+
+
+def _fingerprints(
+    source: Source, previous: EpisodeIndex | None
+) -> tuple[list[SourceFingerprint], dict[str, pa.Schema]]:
+    """Every source file's fingerprint (reused from `previous` where the file is unchanged), and the schemas of
+    the files whose footers had to be read."""
     known = {fp.path: fp for fp in previous.files} if previous else {}
     files: list[SourceFingerprint] = []
     schemas: dict[str, pa.Schema] = {}
@@ -102,9 +145,18 @@ def load_or_build_index(source: Source, episode_column: str, index_path: Path) -
             files.append(fp)
     if not files:
         raise DatasetError("no parquet files found")
-    if previous is not None and previous.files == files:
-        return previous
+    return files, schemas
 
+
+def _build_index(
+    source: Source,
+    episode_column: str,
+    files: list[SourceFingerprint],
+    schemas: dict[str, pa.Schema],
+    previous: EpisodeIndex | None,
+) -> EpisodeIndex:
+    """The index of `files`: runs from the metadata, or from the episode column (reusing `previous` runs of
+    unchanged files)."""
     schema = _unified_schema(source, files, schemas, previous)
     has_episode_column = episode_column in schema.names
     if not has_episode_column:
@@ -113,9 +165,63 @@ def load_or_build_index(source: Source, episode_column: str, index_path: Path) -
         runs = source.metadata_runs([fp.rows for fp in files]) or _scan_episode_column(
             source, files, episode_column, previous
         )
-    index = EpisodeIndex.from_runs(files, schema, runs, has_episode_column)
-    _persist(index_path, index, episode_column)
-    return index
+    return EpisodeIndex.from_runs(files, schema, runs, has_episode_column)
+
+
+def _disagreement_with_metadata(source: Source, index: EpisodeIndex) -> str | None:
+    """What the index says differently from the format's episode metadata (None when it agrees, or when the
+    metadata gives no runs: then the index was built from the episode column)."""
+    if not index.has_episode_column:
+        return None
+    expected = source.metadata_runs([fp.rows for fp in index.files])
+    if expected is None:
+        return None
+    return _first_difference(expected, index.runs(), "the episode metadata")
+
+
+def _first_difference(expected: list[EpisodeRun], found: list[EpisodeRun], source: str) -> str | None:
+    ordered = sorted(expected, key=lambda r: (r.episode, r.file, r.start))
+    if ordered == found:
+        return None
+    for want, got in zip(ordered, found, strict=False):
+        if want != got:
+            return f"it has {_describe(got)} where {source} say {_describe(want)}"
+    return f"it has {len(found)} episode runs where {source} give {len(ordered)}"
+
+
+def _describe(run: EpisodeRun) -> str:
+    return f"episode {run.episode} at rows [{run.start}, {run.stop}) of file {run.file}"
+
+
+def index_problem(index: EpisodeIndex) -> str | None:
+    """None if the runs tile every file's rows exactly and episode ids are plausible, else the first violation."""
+    if len(index.run_file) and (index.run_file.min() < 0 or index.run_file.max() >= len(index.files)):
+        return "a run names a source file that is not in the index"
+    if not index.has_episode_column and len(index.episodes) > 1:
+        return "it has several episodes but no episode column"
+    if len(index.episodes) and index.episodes[0] < 0:
+        return "it has negative episode ids"
+    order = np.lexsort((index.run_start, index.run_file))
+    run_file, start, stop = index.run_file[order], index.run_start[order], index.run_stop[order]
+    if np.any(stop <= start):
+        return "it has an empty or reversed run"
+    first = np.concatenate(([True], run_file[1:] != run_file[:-1]))
+    last = np.concatenate((run_file[1:] != run_file[:-1], [True]))
+    expected_start = np.where(first, 0, np.concatenate(([0], stop[:-1])))
+    rows = np.fromiter((fp.rows for fp in index.files), dtype=np.int64, count=len(index.files))
+    covered = np.zeros(len(rows), dtype=bool)
+    covered[run_file] = True
+    bad = np.flatnonzero(start != expected_start)
+    if len(bad):
+        return f"its runs of {index.files[run_file[bad[0]]].path!r} overlap or leave a gap"
+    bad = np.flatnonzero(stop[last] != rows[run_file[last]])
+    if len(bad):
+        fp = index.files[run_file[last][bad[0]]]
+        return f"its runs of {fp.path!r} end at row {stop[last][bad[0]]}, not at the file's {fp.rows} rows"
+    bad = np.flatnonzero(~covered & (rows > 0))
+    if len(bad):
+        return f"it has no runs for the rows of {index.files[bad[0]].path!r}"
+    return None
 
 
 def _unified_schema(
@@ -168,7 +274,7 @@ def _scan_episode_column(
 
 
 def _persist(path: Path, index: EpisodeIndex, episode_column: str) -> None:
-    doc = {
+    doc: dict[str, object] = {
         "format": INDEX_FORMAT,
         "episode_column": episode_column,
         "has_episode_column": index.has_episode_column,
@@ -181,21 +287,41 @@ def _persist(path: Path, index: EpisodeIndex, episode_column: str) -> None:
             "stop": index.run_stop.tolist(),
         },
     }
+    doc["checksum"] = _content_checksum(doc)
     write_atomically(path, orjson.dumps(doc))
 
 
-def _read_persisted(path: Path, episode_column: str) -> EpisodeIndex | None:
-    """The persisted index, or None if absent, unreadable, of another format or another episode column."""
+def _content_checksum(doc: dict) -> str:
+    """Checksum of everything in the document but the checksum itself (keys sorted)."""
+    content = {key: value for key, value in doc.items() if key != "checksum"}
+    return "sha256:" + hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def read_persisted_index(path: Path, episode_column: str) -> tuple[EpisodeIndex | None, str | None]:
+    """(index, None) for a sound persisted index; (None, None) if absent, of another format or another episode
+    column (nothing wrong: it is rebuilt); (None, problem) if damaged."""
     try:
-        doc = orjson.loads(path.read_bytes())
-        if doc["format"] != INDEX_FORMAT or doc["episode_column"] != episode_column:
-            return None
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"unreadable ({exc})"
+    try:
+        doc = orjson.loads(raw)
+        if doc.get("format") != INDEX_FORMAT or doc.get("episode_column") != episode_column:
+            return None, None
+        if doc.get("checksum") != _content_checksum(doc):
+            return None, "its checksum does not match its content"
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(doc["schema"])))
         files = [SourceFingerprint(**fp) for fp in doc["files"]]
         r = doc["runs"]
         runs = [
             EpisodeRun(e, f, s, t) for e, f, s, t in zip(r["episode"], r["file"], r["start"], r["stop"], strict=True)
         ]
-        return EpisodeIndex.from_runs(files, schema, runs, bool(doc["has_episode_column"]))
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
-        return None
+        index = EpisodeIndex.from_runs(files, schema, runs, bool(doc["has_episode_column"]))
+    except (ValueError, KeyError, TypeError, AttributeError, pa.ArrowException) as exc:
+        return None, f"malformed ({type(exc).__name__}: {exc})"
+    if index.has_episode_column != (episode_column in schema.names):
+        return None, "its episode column flag contradicts its schema"
+    problem = index_problem(index)
+    return (None, problem) if problem is not None else (index, None)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.sources import open_source
 from app.store.dataset import Dataset
+from app.store.episode_index import verify_persisted_index
 
 
 @dataclass
@@ -16,12 +18,14 @@ class VerifyReport:
     absent: int = 0
     damaged: dict[str, str] = field(default_factory=dict)
     rebuilt: list[str] = field(default_factory=list)
+    index_problem: str | None = None  # what was wrong with index.json (it is always rebuilt)
 
 
 def verify(dataset: Dataset, rebuild: bool = False) -> VerifyReport:
-    """Check every segment on disk against its sidecar (size, checksum, schema, rows); optionally rebuild."""
+    """Check the persisted episode index against the sources (rebuilt when damaged: a damaged index is never
+    served), then every segment on disk against its sidecar (size, checksum, schema, rows); optionally rebuild."""
+    report = VerifyReport(dataset.id, index_problem=_verify_index(dataset))
     index = dataset.index()
-    report = VerifyReport(dataset.id)
     for source in index.files:
         if not dataset.segments.paths(source.path).arrow.exists():
             report.absent += 1
@@ -36,3 +40,15 @@ def verify(dataset: Dataset, rebuild: bool = False) -> VerifyReport:
             dataset.segments.open(source, index.schema)
             report.rebuilt.append(source.path)
     return report
+
+
+def _verify_index(dataset: Dataset) -> str | None:
+    """What is wrong with the dataset's `index.json` (then deleted, so loading rebuilds it), or None."""
+    source = open_source(dataset.path)
+    column = source.info.episode_column or dataset.default_episode_column
+    path = dataset.cache_dir / "index.json"
+    problem = verify_persisted_index(source, column, path)
+    if problem is not None:
+        path.unlink(missing_ok=True)
+        dataset.reload()
+    return problem
