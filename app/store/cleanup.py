@@ -10,7 +10,7 @@ from filelock import FileLock, Timeout
 
 from app.errors import ProblemError
 from app.store.dataset import Dataset
-from app.store.segments import Removed, SegmentStore, clean_temps
+from app.store.segments import Removed, SegmentStore, clean_temps, remove_file
 
 
 @dataclass
@@ -36,7 +36,7 @@ def clear(dataset_dirs: list[Path]) -> Cleanup:
     for directory in dataset_dirs:
         _remove_segments(directory, set(), cleanup)
         cleanup.removed += clean_temps(directory)
-        cleanup.removed += _remove_file(directory / "index.json")
+        cleanup.removed += remove_file(directory / "index.json")
     return cleanup
 
 
@@ -78,7 +78,7 @@ def _remove_segments(directory: Path, keep: set[str], cleanup: Cleanup) -> None:
         try:
             with FileLock(segments / f"{name}.lock", timeout=0):
                 for suffix in (".json", ".arrow", ".arrow.tmp"):
-                    cleanup.removed += _remove_file(segments / f"{name}{suffix}")
+                    cleanup.removed += remove_file(segments / f"{name}{suffix}")
         except Timeout:
             cleanup.skipped.append(segments / f"{name}.arrow")
 
@@ -89,18 +89,9 @@ def _remove_directory(directory: Path, cleanup: Cleanup) -> None:
     if any(p.name.endswith(".arrow") for p in cleanup.skipped if p.parent == segments):
         return
     for lock in segments.glob("*.lock"):
-        cleanup.removed += _remove_file(lock)
+        cleanup.removed += remove_file(lock)
     for path in (segments, directory):
         try:
             path.rmdir()
         except OSError:
             return
-
-
-def _remove_file(path: Path) -> list[Removed]:
-    try:
-        nbytes = path.stat().st_size
-        path.unlink()
-    except FileNotFoundError:
-        return []
-    return [Removed(path, nbytes)]

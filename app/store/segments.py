@@ -531,7 +531,7 @@ def clean_temps(cache_dir: Path, max_age: float = TEMP_MAX_AGE_SECONDS) -> list[
             continue
         try:
             with FileLock(segments / f"{name}.lock", timeout=0):
-                removed += _remove(tmp)
+                removed += remove_file(tmp)
         except Timeout:
             continue  # being written right now
     for tmp in sorted(cache_dir.glob(".*.tmp")) if cache_dir.is_dir() else []:
@@ -552,10 +552,11 @@ def _remove_if_old(path: Path, max_age: float) -> list[Removed]:
             return []
     except OSError:
         return []
-    return _remove(path)
+    return remove_file(path)
 
 
-def _remove(path: Path) -> list[Removed]:
+def remove_file(path: Path) -> list[Removed]:
+    """Remove `path` and report it (nothing when it is gone already or cannot be removed)."""
     try:
         nbytes = path.stat().st_size
         path.unlink()
