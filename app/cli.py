@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_location_flags(warm)
     warm.add_argument("dataset", help="dataset id, e.g. lerobot/pusht")
     warm.add_argument("--episodes", help="episode spec, e.g. '0-99,120' (default: every episode)")
+    warm.add_argument(
+        "--videos", action="store_true", help="also decode the episodes' camera videos into decoded-frame segments"
+    )
 
     verify = commands.add_parser(
         "verify", help="check episode indexes against the sources and cached segments against their checksums"
@@ -68,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--episodes", type=int, default=200, help="number of episodes, 1-160 frames each (default 200)")
     demo.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same data (default 0)")
+    demo.add_argument("--no-video", action="store_true", help="write no camera videos (parquet only)")
     return parser
 
 
@@ -144,10 +148,11 @@ def _alive(pid: int) -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from app.demo import write_demo_dataset
+    from app.demo import DEFAULT_CAMERAS, write_demo_dataset
 
     try:
-        out = write_demo_dataset(args.out, format=args.format, episodes=args.episodes, seed=args.seed)
+        cameras = {} if args.no_video else DEFAULT_CAMERAS
+        out = write_demo_dataset(args.out, format=args.format, episodes=args.episodes, seed=args.seed, cameras=cameras)
     except ValueError as exc:
         print(f"episerve-server demo: {exc}", file=sys.stderr)
         return 2
@@ -194,8 +199,9 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
 
     from app.errors import ProblemError
     from app.reads.episode_spec import parse_episode_spec
+    from app.reads.frames import video_files_needed
     from app.reads.service import files_needed
-    from app.store.warming import warm
+    from app.store.warming import warm, warm_videos
 
     if args.dataset not in catalog.ids():
         print(f"episerve-server warm: {unknown_dataset(catalog, args.dataset)}", file=sys.stderr)
@@ -204,6 +210,7 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
         dataset = catalog.get(args.dataset)
         ranges = parse_episode_spec(args.episodes, 10**9) if args.episodes else None
         needed = files_needed(dataset, ranges)
+        videos = video_files_needed(dataset, ranges) if args.videos else []
     except ProblemError as exc:
         print(f"episerve-server warm: {exc.detail}", file=sys.stderr)
         return 2
@@ -219,6 +226,10 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
 
         built = warm(dataset, needed, progress)
     print(f"{dataset.id}: {len(needed)} segments needed, {built} built, {len(needed) - built} already cached")
+    if videos:
+        with tqdm(total=len(videos), unit="videos", desc=f"decoding {dataset.id} cameras") as bar:
+            built = warm_videos(dataset, videos, on_segment=lambda: bar.update(1))
+        print(f"{dataset.id}: {len(videos)} video files needed, {built} decoded, {len(videos) - built} already cached")
     return 0
 
 

@@ -1,9 +1,10 @@
 """Write deterministic, realistic LeRobot-format demo datasets (v3.0 or v2.1).
 
 The frames are synthetic but shaped like a real recording: smooth 6-joint state/action trajectories, a small PNG
-camera image per frame, the five standard LeRobot columns, and the metadata files each format version defines
-(see the LeRobot format reference, sections 1-3). Everything derives from `seed`. Episodes are generated and
-written one at a time, so memory stays bounded by the largest episode, not the dataset.
+camera image per frame, the five standard LeRobot columns, camera videos (mp4, see `app.demo_video`) and the
+metadata files each format version defines (see the LeRobot format reference, sections 1-4). Everything derives from
+`seed`. Episodes are generated and written one at a time (videos encoded a few episodes ahead, in parallel), so
+memory stays bounded by a few episodes, not the dataset.
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ import secrets
 import shutil
 import struct
 import zlib
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TextIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from app import demo_video
+from app.demo_video import Camera
 
 FORMATS = ("v3.0", "v2.1")
 FPS = 30
@@ -38,7 +45,15 @@ FEATURE_ORDER = (STATE, ACTION, IMAGE, *STANDARD_COLUMNS)  # data-file column or
 V30_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 V30_EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 V21_DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
+V30_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+V21_VIDEO_PATH = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
 INFO_PATH = "meta/info.json"
+TOP_CAMERA, WRIST_CAMERA = "observation.images.top", "observation.images.wrist"
+# Camera key -> (height, width). The default demo has one camera; TWO_CAMERAS adds a smaller second one.
+DEFAULT_CAMERAS: Mapping[str, tuple[int, int]] = MappingProxyType({TOP_CAMERA: (64, 96)})
+TWO_CAMERAS: Mapping[str, tuple[int, int]] = MappingProxyType({TOP_CAMERA: (64, 96), WRIST_CAMERA: (48, 64)})
+VIDEO_EPISODES_PER_FILE = 80  # default v3.0 video rollover: 3 files per camera for 200 episodes, apart from data's
+_ENCODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _STAT_NAMES = ("min", "max", "mean", "std", "count")
@@ -52,6 +67,7 @@ class _Plan:
 
     seed: int
     image_size: int
+    cameras: tuple[Camera, ...]
     lengths: np.ndarray  # int64, one per episode
     starts: np.ndarray  # global `index` of each episode's first frame
     task_index: np.ndarray  # int64, one per episode
@@ -64,6 +80,14 @@ class _Plan:
     @property
     def total_frames(self) -> int:
         return int(self.lengths.sum())
+
+
+@dataclass(frozen=True)
+class _EpisodeVideo:
+    """One camera's recording of one episode: a standalone mp4 starting at t=0, and its pixel stats."""
+
+    mp4: bytes
+    stats: Stats
 
 
 @dataclass(frozen=True)
@@ -91,21 +115,30 @@ def write_demo_dataset(
     seed: int = 0,
     image_size: int = 16,
     files: int | None = None,
+    cameras: Mapping[str, tuple[int, int]] | None = DEFAULT_CAMERAS,
+    video_files: int | None = None,
 ) -> Path:
     """Write a demo dataset into directory `out` (created; must be empty or absent) and return `out`.
 
     `format` is "v3.0" (episodes packed into `files` data files, default about one per 50 episodes) or "v2.1"
-    (one data file per episode; `files` is ignored). `image_size` is the side of the square RGB camera image.
+    (one data file per episode; `files` is ignored). `image_size` is the side of the square RGB image column.
+    `cameras` maps video feature keys to (height, width), both even, with room for the frame label's 32 cells of
+    8x8 pixels (e.g. 32x64; see `app.demo_video.camera_frames`); `None` or `{}` writes no videos. v3.0 packs each
+    camera's episodes into `video_files` mp4 files (default about one per 80 episodes; independent of the data
+    files); v2.1 writes one mp4 per episode and camera.
     `meta/info.json` is written last, so its presence marks a complete dataset.
-    Raises ValueError for an unknown format, episodes < 1, image_size < 1, files < 1 or a non-empty `out`.
+    Raises ValueError for an unknown format, episodes < 1, image_size < 1, files < 1, video_files < 1, a camera
+    that cannot be encoded, or a non-empty `out`.
     """
     out = Path(out)
-    _validate_arguments(format, episodes, image_size, files)
+    _validate_arguments(format, episodes, image_size, files, video_files)
+    recorded_cameras = _cameras(cameras)
     _prepare_empty_dir(out)
-    plan = _make_plan(episodes, seed, image_size)
+    plan = _make_plan(episodes, seed, image_size, recorded_cameras)
     if format == "v3.0":
         n_files = min(files if files is not None else math.ceil(episodes / EPISODES_PER_FILE), episodes)
-        _write_v30(out, plan, n_files)
+        n_video_files = min(video_files or math.ceil(episodes / VIDEO_EPISODES_PER_FILE), episodes)
+        _write_v30(out, plan, n_files, n_video_files)
     else:
         _write_v21(out, plan)
     _write_json(out / INFO_PATH, _info(plan, format))
@@ -143,7 +176,18 @@ def ensure_demo_dataset(out: Path) -> Path:
 # Validation and planning
 
 
-def _validate_arguments(format: str, episodes: int, image_size: int, files: int | None) -> None:
+def _cameras(cameras: Mapping[str, tuple[int, int]] | None) -> tuple[Camera, ...]:
+    found = tuple(Camera(key, int(height), int(width)) for key, (height, width) in (cameras or {}).items())
+    for camera in found:
+        demo_video.validate_camera(camera)
+        if camera.key in FEATURE_ORDER:
+            raise ValueError(f"camera key {camera.key!r} is already a feature of the demo")
+    return found
+
+
+def _validate_arguments(
+    format: str, episodes: int, image_size: int, files: int | None, video_files: int | None
+) -> None:
     if format not in FORMATS:
         raise ValueError(f"unknown demo format {format!r}; expected one of {', '.join(FORMATS)}")
     if episodes < 1:
@@ -152,6 +196,8 @@ def _validate_arguments(format: str, episodes: int, image_size: int, files: int 
         raise ValueError(f"image_size must be >= 1, got {image_size}")
     if files is not None and files < 1:
         raise ValueError(f"files must be >= 1 (or None for the default), got {files}")
+    if video_files is not None and video_files < 1:
+        raise ValueError(f"video_files must be >= 1 (or None for the default), got {video_files}")
 
 
 def _prepare_empty_dir(out: Path) -> None:
@@ -170,7 +216,7 @@ def _is_complete(path: Path) -> bool:
     return (path / INFO_PATH).is_file()
 
 
-def _make_plan(episodes: int, seed: int, image_size: int) -> _Plan:
+def _make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera, ...]) -> _Plan:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(MIN_LENGTH, MAX_LENGTH + 1, size=episodes, dtype=np.int64)
     if episodes >= 10:
@@ -183,6 +229,7 @@ def _make_plan(episodes: int, seed: int, image_size: int) -> _Plan:
     return _Plan(
         seed=seed,
         image_size=image_size,
+        cameras=cameras,
         lengths=lengths,
         starts=starts,
         task_index=np.array([remap[c] for c in choices], dtype=np.int64),
@@ -197,6 +244,31 @@ def _make_plan(episodes: int, seed: int, image_size: int) -> _Plan:
 def _iter_episodes(plan: _Plan) -> Iterator[_Episode]:
     for episode in range(plan.episodes):
         yield _make_episode(plan, episode)
+
+
+def _iter_recorded_episodes(plan: _Plan) -> Iterator[tuple[_Episode, dict[str, _EpisodeVideo]]]:
+    """Episodes in order, each with its camera videos; videos are encoded a few episodes ahead on worker threads
+    (the encoders release the GIL), while the caller writes the parquet of earlier episodes."""
+    if not plan.cameras:
+        for episode in _iter_episodes(plan):
+            yield episode, {}
+        return
+    pending: deque[tuple[_Episode, dict[str, Future[_EpisodeVideo]]]] = deque()
+    with ThreadPoolExecutor(_ENCODE_WORKERS, thread_name_prefix="demo-video") as pool:
+        for episode in _iter_episodes(plan):
+            jobs = {camera.key: pool.submit(_record_video, camera, episode) for camera in plan.cameras}
+            pending.append((episode, jobs))
+            if len(pending) > 2 * _ENCODE_WORKERS:
+                done, jobs = pending.popleft()
+                yield done, {key: job.result() for key, job in jobs.items()}
+        while pending:
+            done, jobs = pending.popleft()
+            yield done, {key: job.result() for key, job in jobs.items()}
+
+
+def _record_video(camera: Camera, episode: _Episode) -> _EpisodeVideo:
+    frames = demo_video.camera_frames(camera, episode.index, episode.columns["frame_index"])
+    return _EpisodeVideo(demo_video.encode_episode(frames, FPS), _image_stats(frames))
 
 
 def _make_episode(plan: _Plan, episode: int) -> _Episode:
@@ -261,8 +333,8 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
 # Arrow tables and schema
 
 
-def _features(image_size: int) -> dict[str, dict[str, Any]]:
-    """info.json `features`, in data-file column order."""
+def _features(image_size: int, cameras: tuple[Camera, ...]) -> dict[str, dict[str, Any]]:
+    """info.json `features`, in data-file column order; cameras (no data column) follow the image column."""
     vector = {"dtype": "float32", "shape": [len(JOINT_NAMES)]}
     image = {"dtype": "image", "shape": [image_size, image_size, 3], "names": ["height", "width", "channels"]}
     scalar_dtypes = {"timestamp": "float32", **{name: "int64" for name in STANDARD_COLUMNS[1:]}}
@@ -270,6 +342,7 @@ def _features(image_size: int) -> dict[str, dict[str, Any]]:
         STATE: {**vector, "names": list(JOINT_NAMES)},
         ACTION: {**vector, "names": list(JOINT_NAMES)},
         IMAGE: image,
+        **{camera.key: demo_video.video_feature(camera, FPS) for camera in cameras},
         **{name: {"dtype": dtype, "shape": [1], "names": None} for name, dtype in scalar_dtypes.items()},
     }
 
@@ -328,11 +401,13 @@ def _episode_table(episode: _Episode, schema: pa.Schema) -> pa.Table:
 # Statistics
 
 
-def _episode_stats(episode: _Episode) -> dict[str, Stats]:
-    """Per-feature min/max/mean/std/count; vectors keep their shape, scalars get shape [1], images [3, 1, 1]."""
+def _episode_stats(episode: _Episode, videos: dict[str, _EpisodeVideo]) -> dict[str, Stats]:
+    """Per-feature min/max/mean/std/count; vectors keep their shape, scalars get shape [1], images and videos
+    [3, 1, 1]. In info.json feature order."""
     stats = {name: _stats(values.reshape(episode.length, -1)) for name, values in episode.columns.items()}
     stats[IMAGE] = _image_stats(episode.pixels)
-    return {name: stats[name] for name in FEATURE_ORDER}
+    order = [*FEATURE_ORDER[: FEATURE_ORDER.index(IMAGE) + 1], *videos, *STANDARD_COLUMNS]
+    return {name: videos[name].stats if name in videos else stats[name] for name in order}
 
 
 def _stats(values: np.ndarray) -> Stats:
@@ -403,14 +478,15 @@ def _stats_json(stats: dict[str, Stats]) -> dict[str, dict[str, Any]]:
 # Format writers
 
 
-def _write_v30(out: Path, plan: _Plan, n_files: int) -> None:
+def _write_v30(out: Path, plan: _Plan, n_files: int, n_video_files: int) -> None:
     schema = _data_schema()
     aggregate = _StatsAggregate()
     episode_rows: list[dict[str, Any]] = []
     writer: pq.ParquetWriter | None = None
     current_file = -1
+    videos = _V30Videos(out, n_video_files, plan.episodes)
     try:
-        for episode in _iter_episodes(plan):
+        for episode, recorded in _iter_recorded_episodes(plan):
             # Roll over by episode count; an episode never spans two files.
             file_number = episode.index * n_files // plan.episodes
             if file_number != current_file:
@@ -419,15 +495,52 @@ def _write_v30(out: Path, plan: _Plan, n_files: int) -> None:
                 writer = _open_data_writer(out, file_number, schema)
                 current_file = file_number
             writer.write_table(_episode_table(episode, schema))  # one row group per episode, as LeRobot does
-            stats = _episode_stats(episode)
+            video_columns = videos.append(episode.index, recorded)
+            stats = _episode_stats(episode, recorded)
             aggregate.add(stats)
-            episode_rows.append(_v30_episode_row(plan, episode, file_number, stats))
+            episode_rows.append(_v30_episode_row(plan, episode, file_number, video_columns, stats))
     finally:
         if writer is not None:
             writer.close()
+        videos.close()
     _write_parquet(out / V30_EPISODES_PATH.format(chunk_index=0, file_index=0), pa.Table.from_pylist(episode_rows))
     _write_parquet(out / "meta/tasks.parquet", _tasks_table(plan))
     _write_json(out / "meta/stats.json", _stats_json(aggregate.result()))
+
+
+class _V30Videos:
+    """Each camera's current v3.0 video file; episodes are appended back to back and roll over by episode count
+    (an episode never spans two files)."""
+
+    def __init__(self, out: Path, n_files: int, episodes: int) -> None:
+        self._out, self._n_files, self._episodes = out, n_files, episodes
+        self._open: dict[str, tuple[int, demo_video.ConcatenatedVideo]] = {}
+
+    def append(self, episode: int, recorded: dict[str, _EpisodeVideo]) -> dict[str, Any]:
+        """Append the episode's videos; return its `videos/<key>/...` episode-metadata columns."""
+        file_number = episode * self._n_files // self._episodes
+        chunk, file = divmod(file_number, CHUNKS_SIZE)
+        columns: dict[str, Any] = {}
+        for key, video in recorded.items():
+            current = self._open.get(key)
+            if current is None or current[0] != file_number:
+                if current is not None:
+                    current[1].close()
+                path = self._out / V30_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
+                current = self._open[key] = (file_number, demo_video.ConcatenatedVideo(path))
+            start, end = current[1].append(video.mp4)
+            columns |= {
+                f"videos/{key}/chunk_index": chunk,
+                f"videos/{key}/file_index": file,
+                f"videos/{key}/from_timestamp": start,
+                f"videos/{key}/to_timestamp": end,
+            }
+        return columns
+
+    def close(self) -> None:
+        for _, video in self._open.values():
+            video.close()
+        self._open.clear()
 
 
 def _open_data_writer(out: Path, file_number: int, schema: pa.Schema) -> pq.ParquetWriter:
@@ -437,7 +550,9 @@ def _open_data_writer(out: Path, file_number: int, schema: pa.Schema) -> pq.Parq
     return pq.ParquetWriter(path, schema)
 
 
-def _v30_episode_row(plan: _Plan, episode: _Episode, file_number: int, stats: dict[str, Stats]) -> dict[str, Any]:
+def _v30_episode_row(
+    plan: _Plan, episode: _Episode, file_number: int, video_columns: dict[str, Any], stats: dict[str, Stats]
+) -> dict[str, Any]:
     chunk, file = divmod(file_number, CHUNKS_SIZE)
     row: dict[str, Any] = {
         "episode_index": episode.index,
@@ -447,6 +562,7 @@ def _v30_episode_row(plan: _Plan, episode: _Episode, file_number: int, stats: di
         "data/file_index": file,
         "dataset_from_index": episode.start,
         "dataset_to_index": episode.start + episode.length,
+        **video_columns,
     }
     for name, feature_stats in stats.items():
         for stat in _STAT_NAMES:
@@ -473,12 +589,19 @@ def _write_v21(out: Path, plan: _Plan) -> None:
         open(meta / "episodes.jsonl", "w", encoding="utf-8") as episodes_file,
         open(meta / "episodes_stats.jsonl", "w", encoding="utf-8") as stats_file,
     ):
-        for episode in _iter_episodes(plan):
-            path = out / V21_DATA_PATH.format(episode_chunk=episode.index // CHUNKS_SIZE, episode_index=episode.index)
+        for episode, recorded in _iter_recorded_episodes(plan):
+            chunk = episode.index // CHUNKS_SIZE
+            path = out / V21_DATA_PATH.format(episode_chunk=chunk, episode_index=episode.index)
             _write_parquet(path, _episode_table(episode, schema))
+            for key, video in recorded.items():
+                video_path = out / V21_VIDEO_PATH.format(
+                    episode_chunk=chunk, video_key=key, episode_index=episode.index
+                )
+                video_path.parent.mkdir(parents=True, exist_ok=True)
+                video_path.write_bytes(video.mp4)
             task = plan.tasks[plan.task_index[episode.index]]
             _write_json_line(episodes_file, {"episode_index": episode.index, "tasks": [task], "length": episode.length})
-            stats = _stats_json(_episode_stats(episode))
+            stats = _stats_json(_episode_stats(episode, recorded))
             _write_json_line(stats_file, {"episode_index": episode.index, "stats": stats})
     with open(meta / "tasks.jsonl", "w", encoding="utf-8") as tasks_file:
         for task_index, task in enumerate(plan.tasks):
@@ -496,20 +619,20 @@ def _info(plan: _Plan, format: str) -> dict[str, Any]:
     }
     if format == "v3.0":
         info |= {"chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200}
-        data_path = V30_DATA_PATH
+        data_path, video_path = V30_DATA_PATH, V30_VIDEO_PATH
     else:
         info |= {
-            "total_videos": 0,
+            "total_videos": plan.episodes * len(plan.cameras),
             "total_chunks": math.ceil(plan.episodes / CHUNKS_SIZE),
             "chunks_size": CHUNKS_SIZE,
         }
-        data_path = V21_DATA_PATH
+        data_path, video_path = V21_DATA_PATH, V21_VIDEO_PATH
     return info | {
         "fps": FPS,
         "splits": {"train": f"0:{plan.episodes}"},
         "data_path": data_path,
-        "video_path": None,
-        "features": _features(plan.image_size),
+        "video_path": video_path if plan.cameras else None,
+        "features": _features(plan.image_size, plan.cameras),
     }
 
 

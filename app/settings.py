@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -88,6 +88,11 @@ class Settings(BaseSettings):
         description="Seconds between looks at a dataset's files (directory and metadata stats, one stat per source "
         "file): added, removed or rewritten files are noticed within this time; also how often an unknown dataset "
         "id makes the roots be listed again (0: look on every request).",
+    )
+    video_cache_policy: Literal["on-demand", "first-touch", "warmed"] = Field(
+        "first-touch",
+        description="Camera frames: decode on demand only; build each video file's decoded-frame segment on first "
+        "touch and serve from it; or serve from segments only where `warm --videos` built them.",
     )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(

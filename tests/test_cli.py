@@ -63,10 +63,14 @@ def test_roots_from_the_environment_are_pathsep_separated(tmp_path: Path) -> Non
 
 
 def test_serve_without_roots_serves_the_demo_dataset(tmp_path: Path) -> None:
-    with ServerProcess([], tmp_path / "cache", workers=2) as server:
+    server = ServerProcess([], tmp_path / "cache", workers=2)
+    server.start(timeout=180)  # each worker may encode the demo's camera videos before the first answer
+    try:
         listing = httpx.get(f"{server.url}/datasets").json()["datasets"]
         assert [(d["id"], d["format"], d["episodes"]) for d in listing] == [("demo", "lerobot-v3.0", 200)]
         rows = read_stream(httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "9,4"}).content)
+    finally:
+        server.stop()
     demo = tmp_path / "cache" / "demo-root" / "demo"
     assert_tables_equal(rows, oracle(demo, [4, 9]))
     assert pq.read_metadata(sorted(demo.rglob("file-000.parquet"))[0]).num_rows > 0

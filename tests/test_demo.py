@@ -28,6 +28,8 @@ COLUMNS = [
     "index",
     "task_index",
 ]
+CAMERA = "observation.images.top"
+FEATURES = [*COLUMNS[:3], CAMERA, *COLUMNS[3:]]  # a video feature has no data column
 V21_EPISODES = 40
 
 
@@ -99,7 +101,8 @@ def test_v30_layout(v30: Path) -> None:
     info = read_info(v30)
     assert info["codebase_version"] == "v3.0"
     assert info["total_episodes"] == 200 and info["splits"] == {"train": "0:200"}
-    assert info["fps"] == 30 and info["chunks_size"] == 1000 and info["video_path"] is None
+    assert info["fps"] == 30 and info["chunks_size"] == 1000
+    assert info["video_path"] == "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
     assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
     assert {"data_files_size_in_mb", "video_files_size_in_mb", "robot_type", "total_tasks"} <= info.keys()
 
@@ -112,7 +115,8 @@ def test_v21_layout(v21: Path) -> None:
     ]
     info = read_info(v21)
     assert info["codebase_version"] == "v2.1"
-    assert info["total_chunks"] == 1 and info["total_videos"] == 0 and info["video_path"] is None
+    assert info["total_chunks"] == 1 and info["total_videos"] == V21_EPISODES
+    assert info["video_path"] == "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
     assert info["data_path"] == "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
     assert info["data_path"].format(episode_chunk=0, episode_index=7) == "data/chunk-000/episode_000007.parquet"
 
@@ -120,7 +124,7 @@ def test_v21_layout(v21: Path) -> None:
 def test_features_describe_the_columns(dataset: Path) -> None:
     info = read_info(dataset)
     features = info["features"]
-    assert list(features) == COLUMNS
+    assert list(features) == FEATURES
     size = 16
     assert features["observation.image"] == {
         "dtype": "image",
@@ -337,7 +341,7 @@ def ensured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int | 
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(timeout=60)
+        worker.join(timeout=180)  # two full demos with camera videos, encoded at once
     return out, [worker.exitcode for worker in workers]
 
 

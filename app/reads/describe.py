@@ -31,7 +31,8 @@ def describe_dataset(dataset: Dataset) -> dict[str, Any]:
     return {
         **summarize_dataset(dataset),
         "episode_column": dataset.episode_column if index.has_episode_column else None,
-        "columns": [{"name": f.name, "type": str(f.type)} for f in index.schema],
+        "columns": [{"name": f.name, "type": str(f.type)} for f in index.schema]
+        + [camera.describe() for camera in meta.videos.values()],
         "features": meta.info.get("features") or None,
         "tasks": {str(k): v for k, v in sorted(meta.tasks.items())},
         "episode_range": [int(index.episodes[0]), int(index.episodes[-1])] if len(index.episodes) else None,

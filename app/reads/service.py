@@ -21,9 +21,11 @@ import pyarrow as pa
 
 from app.errors import InvalidInput, OverLimit, WouldBlock
 from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episodes
+from app.reads.frames import frame_columns, view_schema
 from app.reads.requests import SliceRequest, TakeRequest
 from app.reads.takes import project, take_rows
 from app.reads.windows import (
+    DEFAULT_TOLERANCE_S,
     PAD_SUFFIX,
     WindowRequest,
     WindowSpec,
@@ -116,7 +118,15 @@ def answer_slice(
         if headers["ETag"] in [tag.strip() for tag in if_none_match.split(",")]:
             return NotModified(headers)
     selected = read_slice(
-        dataset, ranges, start, stop, request.columns, limits.max_rows_per_response, windows, may_block
+        dataset,
+        ranges,
+        start,
+        stop,
+        request.columns,
+        limits.max_rows_per_response,
+        windows,
+        may_block,
+        request.tolerance_s,
     )
     return Answer(selected.schema, selected.batches, headers_of(selected), request.codec)
 
@@ -130,7 +140,7 @@ def answer_take(dataset: Dataset, request: TakeRequest, may_block: bool = True) 
             limits.max_take_indices,
         )
     ranges = request.episode_ranges(limits)
-    taken = take(dataset, ranges, request.indices, request.columns, request.windows(), may_block)
+    taken = take(dataset, ranges, request.indices, request.columns, request.windows(), may_block, request.tolerance_s)
     batches = [b for b in taken.table.to_batches() if b.num_rows]
     return Answer(taken.table.schema, batches, {"X-Total-Rows": str(taken.total_rows)}, request.codec)
 
@@ -180,13 +190,14 @@ def read_slice(
     max_rows: int,
     windows: WindowRequest | None = None,
     may_block: bool = True,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> RowSlice:
     """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches. Windowed
     columns, when asked for, are gathered and replace the stored column in the batches."""
 
     def attempt(index: EpisodeIndex) -> RowSlice:
         view = view_of(dataset, index, episodes)
-        names = check_columns(index.schema, columns)
+        names = check_columns(view_schema(dataset, index), columns)
         spec = _window_spec(dataset, index, windows)
         total = len(view)
         lo, hi = clamp(total, start, stop)
@@ -196,20 +207,22 @@ def read_slice(
                 max_rows,
             )
         _check_window_size(dataset, hi - lo, spec)
-        if not may_block and spec is not None:
-            raise WouldBlock("windows are computed off the event loop")
+        base = with_window_columns(names, spec)
+        stored = _stored_columns(dataset, base)
+        if not may_block and (spec is not None or stored != base):
+            raise WouldBlock("windows and camera frames are computed off the event loop")
         spans = list(view.spans(lo, hi))
         dataset.ensure_fresh(index, {file for file, _, _ in spans})
-        base = with_window_columns(names, spec)
         batches = [
             piece
             for file, first, end in spans
-            for piece in dataset.segment(index, file, may_block).slice(first, end, base)
+            for piece in dataset.segment(index, file, may_block).slice(first, end, stored)
         ]
-        schema = project(index.schema, base)
-        if spec is not None:
+        schema = project(index.schema, stored)
+        if spec is not None or stored != base:
             table = pa.Table.from_batches(batches, schema)
-            table = _apply_windows(dataset, index, view, np.arange(lo, hi, dtype=np.int64), table, spec)
+            rows = np.arange(lo, hi, dtype=np.int64)
+            table = _complete(dataset, index, view, rows, table, base, spec, tolerance_s)
             schema, batches = table.schema, table.to_batches()
         return RowSlice(schema, batches, total, lo, hi, index.digest)
 
@@ -223,12 +236,13 @@ def take(
     columns: list[str] | None,
     windows: WindowRequest | None = None,
     may_block: bool = True,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> RowTake:
     """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included."""
 
     def attempt(index: EpisodeIndex) -> RowTake:
         view = view_of(dataset, index, episodes)
-        names = check_columns(index.schema, columns)
+        names = check_columns(view_schema(dataset, index), columns)
         spec = _window_spec(dataset, index, windows)
         wanted = np.asarray(rows, dtype=np.int64)
         total = len(view)
@@ -237,9 +251,13 @@ def take(
             shown = ", ".join(map(str, bad[:10].tolist()))
             raise InvalidInput(f"indices out of range [0, {total}): {shown}")
         _check_window_size(dataset, len(wanted), spec)
-        table = take_rows(dataset, index, view, wanted, with_window_columns(names, spec), may_block)
-        if spec is not None:
-            table = _apply_windows(dataset, index, view, wanted, table, spec, may_block)
+        base = with_window_columns(names, spec)
+        stored = _stored_columns(dataset, base)
+        if not may_block and stored != base:
+            raise WouldBlock("camera frames are decoded off the event loop")
+        table = take_rows(dataset, index, view, wanted, stored, may_block)
+        if spec is not None or stored != base:
+            table = _complete(dataset, index, view, wanted, table, base, spec, tolerance_s, may_block)
         return RowTake(table, total, index.digest)
 
     return dataset.with_fresh_index(attempt, may_block)
@@ -254,7 +272,7 @@ def _window_spec(dataset: Dataset, index: EpisodeIndex, windows: WindowRequest |
     return parse_windows(
         windows.delta_timestamps,
         fps=dataset.info().fps,
-        schema=index.schema,
+        schema=view_schema(dataset, index),
         tolerance_s=windows.tolerance_s,
         max_offsets=dataset.limits.max_window_offsets,
     )
@@ -277,21 +295,74 @@ def _apply_windows(
     rows: np.ndarray,
     table: pa.Table,
     spec: WindowSpec,
+    tolerance_s: float,
     may_block: bool = True,
 ) -> pa.Table:
     """Replace each windowed column by its windows and append the `<column>_is_pad` masks."""
     lo, hi = view.episode_bounds(rows)
     pads = []
+    cameras = dataset.info().videos
     for column, offsets in spec.offsets.items():
         targets, pad = window_targets(rows, lo, hi, offsets)
-        values = take_rows(dataset, index, view, targets.reshape(-1), [column], may_block)[column].combine_chunks()
+        if column in cameras:
+            values = frame_columns(dataset, index, view, targets.reshape(-1), [column], tolerance_s)[column]
+        else:
+            values = take_rows(dataset, index, view, targets.reshape(-1), [column], may_block)[column].combine_chunks()
         position = table.schema.get_field_index(column)
-        windowed = as_windows(values, len(offsets))
-        table = table.set_column(position, pa.field(column, windowed.type), windowed)
+        windowed = _camera_windows(values, len(offsets)) if column in cameras else as_windows(values, len(offsets))
+        if position < 0:
+            table = table.append_column(pa.field(column, windowed.type), windowed)
+        else:
+            table = table.set_column(position, pa.field(column, windowed.type), windowed)
         pads.append((column + PAD_SUFFIX, pad_column(pad)))
     for name, mask in pads:
         table = table.append_column(pa.field(name, mask.type), mask)
     return table
+
+
+def _camera_windows(frames: pa.FixedShapeTensorArray, width: int) -> pa.FixedShapeTensorArray:
+    """Frames gathered row-major (n * width) as one (width, height, width, channels) tensor per row."""
+    stacked = frames.to_numpy_ndarray()
+    return pa.FixedShapeTensorArray.from_numpy_ndarray(stacked.reshape(-1, width, *stacked.shape[1:]))
+
+
+# -- camera frames -----------------------------------------------------------------------------------------------
+
+
+def _stored_columns(dataset: Dataset, names: list[str] | None) -> list[str] | None:
+    """The stored columns of a selection (None: all of them); when it names only cameras, the episode column,
+    which locates their frames (dropped from the answer)."""
+    if names is None:
+        return None
+    cameras = dataset.info().videos
+    stored = [name for name in names if name not in cameras]
+    return stored if stored or len(stored) == len(names) else [dataset.episode_column]
+
+
+def _complete(
+    dataset: Dataset,
+    index: EpisodeIndex,
+    view: EpisodeView,
+    rows: np.ndarray,
+    table: pa.Table,
+    names: list[str] | None,
+    spec: WindowSpec | None,
+    tolerance_s: float,
+    may_block: bool = True,
+) -> pa.Table:
+    """The stored columns of view `rows` in `table`, completed: camera frames decoded, windows applied, and the
+    columns in the order asked (windows' `<column>_is_pad` masks last)."""
+    cameras = dataset.info().videos
+    windowed = spec.offsets if spec is not None else {}
+    plain = [name for name in names or [] if name in cameras and name not in windowed]
+    if plain:
+        for key, frames in frame_columns(dataset, index, view, rows, plain, tolerance_s).items():
+            table = table.append_column(pa.field(key, frames.type), frames)
+    if spec is not None:
+        table = _apply_windows(dataset, index, view, rows, table, spec, tolerance_s, may_block)
+    order = names if names is not None else [*index.schema.names, *(c for c in windowed if c in cameras)]
+    pads = [column + PAD_SUFFIX for column in windowed]
+    return table.select([*order, *pads])
 
 
 # -- selections --------------------------------------------------------------------------------------------------

@@ -7,25 +7,35 @@ import re
 from pathlib import Path
 from typing import Any
 
+from app.errors import InvalidInput
 from app.sources.json_files import read_jsonl
 from app.sources.parquet import ParquetSource, parquet_files
-from app.sources.source import DatasetInfo, EpisodeRun
+from app.sources.source import DatasetInfo, EpisodeClip, EpisodeRun
+from app.sources.video import CameraFiles, video_features
 
 FORMAT = "lerobot-v2.1"
 _EPISODE_FILE = re.compile(r"episode_(\d+)\.parquet$")
 
 
-class LeRobotV21Source(ParquetSource):
+class LeRobotV21Source(CameraFiles, ParquetSource):
     """Episode runs come from the file names: each file is one whole episode."""
 
     @classmethod
     def open_with(cls, root: Path, info: dict[str, Any], fps: float | None) -> LeRobotV21Source:
-        dataset = DatasetInfo(FORMAT, fps, info)
+        dataset = DatasetInfo(FORMAT, fps, info, videos=video_features(info))
         dataset.tasks = {int(r["task_index"]): str(r["task"]) for r in read_jsonl(root / "meta/tasks.jsonl")}
         dataset.episode_tasks = {
             int(r["episode_index"]): list(r.get("tasks") or []) for r in read_jsonl(root / "meta/episodes.jsonl")
         }
         return cls(root, dataset, parquet_files(root, root / "data"))
+
+    def episode_clip(self, key: str, episode: int) -> EpisodeClip:
+        """The episode's own file, from time 0 (`video_path` with `episode_chunk`, `video_key`, `episode_index`)."""
+        template = self.info.info.get("video_path")
+        if key not in self.info.videos or not template:
+            raise InvalidInput(f"{key!r} is not a camera of this dataset")
+        chunk = episode // int(self.info.info.get("chunks_size") or 1000)
+        return EpisodeClip(str(template).format(episode_chunk=chunk, video_key=key, episode_index=episode), 0.0)
 
     def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
         runs = []

@@ -3,11 +3,13 @@ parquet (`meta/episodes/*/*.parquet`, with each episode's file and row range) an
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from app.errors import DatasetError, InvalidInput
 from app.sources.parquet import (
     ParquetSource,
     parquet_column_names,
@@ -15,21 +17,48 @@ from app.sources.parquet import (
     read_parquet_rows,
     read_parquet_table,
 )
-from app.sources.source import DatasetInfo, EpisodeRun
+from app.sources.source import DatasetInfo, EpisodeClip, EpisodeRun
+from app.sources.video import CameraFiles, video_features
 
 FORMAT = "lerobot-v3.0"
 _STRINGS = (pa.string(), pa.large_string())
 _EPISODE_COLUMNS = ["episode_index", "data/chunk_index", "data/file_index", "dataset_from_index", "dataset_to_index"]
 
 
-class LeRobotV30Source(ParquetSource):
+class LeRobotV30Source(CameraFiles, ParquetSource):
     """Episode runs come from the episode metadata when it agrees with the files' row counts."""
 
     @classmethod
     def open_with(cls, root: Path, info: dict[str, Any], fps: float | None) -> LeRobotV30Source:
-        dataset = DatasetInfo(FORMAT, fps, info)
+        dataset = DatasetInfo(FORMAT, fps, info, videos=video_features(info))
         dataset.tasks = _tasks(root)
         return cls(root, dataset, parquet_files(root, root / "data"))
+
+    def episode_clip(self, key: str, episode: int) -> EpisodeClip:
+        """From the episode metadata: the file (`video_path` with its chunk and file index) and the episode's
+        `from_timestamp` in it."""
+        clips = self._clips(key)
+        clip = clips.get(episode)
+        if clip is None:
+            raise DatasetError(f"the episode metadata has no video file of {key!r} for episode {episode}")
+        return clip
+
+    @functools.cache  # noqa: B019 (a source is a snapshot, replaced when the dataset reloads)
+    def _clips(self, key: str) -> dict[int, EpisodeClip]:
+        template = self.info.info.get("video_path")
+        if key not in self.info.videos or not template:
+            raise InvalidInput(f"{key!r} is not a camera of this dataset")
+        prefix = f"videos/{key}/"
+        columns = ["episode_index", prefix + "chunk_index", prefix + "file_index", prefix + "from_timestamp"]
+        clips: dict[int, EpisodeClip] = {}
+        try:
+            for meta in sorted((self.root / "meta/episodes").glob("*/*.parquet")):
+                for row in read_parquet_rows(meta, columns):
+                    name = str(template).format(video_key=key, chunk_index=row[columns[1]], file_index=row[columns[2]])
+                    clips[int(row["episode_index"])] = EpisodeClip(name, float(row[columns[3]]))
+        except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+            raise DatasetError(f"the episode metadata of camera {key!r} is unreadable: {exc}") from exc
+        return clips
 
     def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
         try:

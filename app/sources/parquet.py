@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from app.errors import DatasetError
+from app.errors import DatasetError, InvalidInput
 from app.sources.json_files import read_json
-from app.sources.source import DatasetInfo, EpisodeRun, SourceFingerprint, conform_batch
+from app.sources.source import DatasetInfo, EpisodeClip, EpisodeRun, SourceFingerprint, conform_batch
 
 GENERIC_SETTINGS = Path("episerve.json")
 _MAX_BATCH_ROWS = 65_536
@@ -99,6 +99,9 @@ class ParquetSource:
 
     def row_groups(self, rel: str) -> ParquetRowGroups:
         return ParquetRowGroups(self.root / rel)
+
+    def episode_clip(self, key: str, episode: int) -> EpisodeClip:
+        raise InvalidInput(f"{key!r} is not a camera of this dataset")  # generic parquet records no videos
 
 
 class ParquetRowGroups:

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from app.errors import DatasetError
+
 
 @dataclass(frozen=True)
 class EpisodeRun:
@@ -63,6 +65,60 @@ class SourceFingerprint:
         )
 
 
+@dataclass(frozen=True)
+class VideoFeature:
+    """A camera: its feature key and frame geometry as info.json records them."""
+
+    key: str
+    height: int
+    width: int
+    channels: int
+    codec: str | None
+    pix_fmt: str | None
+    fps: float | None
+
+    @classmethod
+    def of(cls, key: str, feature: dict[str, Any]) -> VideoFeature:
+        shape = list(feature.get("shape") or [])
+        info = feature.get("info") or {}
+        names = feature.get("names") or []
+        if len(shape) != 3:
+            raise DatasetError(f"video feature {key!r} has shape {shape!r}; expected [height, width, channels]")
+        if names[:1] == ["channels"] or (shape[0] in (1, 3) and shape[2] not in (1, 3)):
+            shape = [shape[1], shape[2], shape[0]]  # recorded channels-first
+        height = int(info.get("video.height", shape[0]))
+        width = int(info.get("video.width", shape[1]))
+        fps = info.get("video.fps")
+        return cls(key, height, width, 3, info.get("video.codec"), info.get("video.pix_fmt"), fps and float(fps))
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        """Raw RGB frames, (height, width, channels) row-major, as an Arrow fixed-shape tensor."""
+        return pa.fixed_shape_tensor(pa.uint8(), [self.height, self.width, self.channels])
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.key,
+            "type": str(self.arrow_type),
+            "video": {
+                "shape": [self.height, self.width, self.channels],
+                "layout": "HWC",
+                "codec": self.codec,
+                "pix_fmt": self.pix_fmt,
+                "fps": self.fps,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class EpisodeClip:
+    """Where one episode's frames of one camera are: a file (relative to the dataset) and the episode's start
+    time in it."""
+
+    path: str
+    from_timestamp: float
+
+
 @dataclass
 class DatasetInfo:
     """What a dataset's metadata says, as far as serving it needs."""
@@ -73,6 +129,7 @@ class DatasetInfo:
     tasks: dict[int, str] = field(default_factory=dict)
     episode_tasks: dict[int, list[str]] = field(default_factory=dict)
     episode_column: str | None = None  # overrides the server-wide default (generic datasets, `episerve.json`)
+    videos: dict[str, VideoFeature] = field(default_factory=dict)  # camera key -> its frames' geometry
 
 
 class RowGroups(Protocol):
@@ -120,6 +177,10 @@ class Source(Protocol):
 
     def row_groups(self, rel: str) -> RowGroups:
         """The file's row groups, for reading a few rows without decoding the whole file."""
+        ...
+
+    def episode_clip(self, key: str, episode: int) -> EpisodeClip:
+        """Where camera `key`'s frames of `episode` are (formats with `info.videos` only)."""
         ...
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from app.errors import DatasetError, TryLater, WouldBlock
 from app.settings import Settings
-from app.sources import DatasetInfo, Source, open_source, stamp, watched_paths
+from app.sources import DatasetInfo, Source, SourceFingerprint, open_source, stamp, watched_paths
 from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex, load_or_build_index
 from app.store.segments import (
@@ -66,6 +66,7 @@ class Dataset:
         self._source: Source | None = None
         self._index: EpisodeIndex | None = None
         self._full_view: EpisodeView | None = None
+        self._other_files: dict[str, SourceFingerprint] = {}
         self._watched: list[str] = []
         self._stamp: tuple = ()
         self._looking = threading.Lock()
@@ -87,6 +88,12 @@ class Dataset:
         self.index()
         assert self._source is not None
         return self._source.info
+
+    def source(self) -> Source:
+        """The dataset's source, as of the current index."""
+        self.index()
+        assert self._source is not None
+        return self._source
 
     def index(self) -> EpisodeIndex:
         """The current episode index snapshot, opened on first use, and re-checked against the files on disk
@@ -226,6 +233,15 @@ class Dataset:
                 return cold.take(rows, index.schema, names)
         except (OSError, IndexError, pa.ArrowException) as exc:
             raise SourceChanged(cold.path) from exc
+
+    def file_fingerprint(self, rel: str) -> SourceFingerprint:
+        """The fingerprint of a file of the dataset that is not a data file (a camera's video), remembered while
+        the file stays unchanged."""
+        source = self.source()
+        known = self._other_files.get(rel)
+        if known is None or not source.is_unchanged(known):
+            known = self._other_files[rel] = source.fingerprint(rel)[0]
+        return known
 
     # -- the cache -----------------------------------------------------------------------------------------------
 

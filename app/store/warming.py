@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from app.store.dataset import Dataset
 from app.store.segments import ProgressCallback
 
@@ -55,6 +57,19 @@ def warm(
                 for future in futures:
                     future.cancel()
                 raise
+    return dataset.segments.builds - before
+
+
+def warm_videos(
+    dataset: Dataset, videos: list[tuple[str, pa.Schema]], on_segment: Callable[[], None] | None = None
+) -> int:
+    """Build the decoded-frame segments of video files (path, frame schema), one at a time (the decoder uses
+    the cores); return how many this call built."""
+    before = dataset.segments.builds
+    for path, schema in videos:
+        dataset.segments.open(dataset.file_fingerprint(path), schema)
+        if on_segment is not None:
+            on_segment()
     return dataset.segments.builds - before
 
 

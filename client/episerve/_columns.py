@@ -75,6 +75,8 @@ def _chunked(column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool,
 
 def _array(array: pa.Array, owner: _Owner | None, decode_images: bool) -> np.ndarray:
     kind = array.type
+    if isinstance(kind, pa.FixedShapeTensorType):
+        return _tensors(array, owner)
     if pa.types.is_fixed_size_list(kind):
         return _fixed_size_list(array, owner, decode_images)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
@@ -144,6 +146,17 @@ def _fixed_size_list(array: pa.FixedSizeListArray, owner: _Owner | None, decode_
     if values.dtype != object and not array.null_count:
         return values.reshape(len(array), size, *values.shape[1:])
     return _list_rows(array, values, np.arange(len(array) + 1) * size)
+
+
+def _tensors(array: pa.ExtensionArray, owner: _Owner | None) -> np.ndarray:
+    """A fixed-shape tensor column as one array of `(rows, *shape)`. Camera frames, which the server sends as
+    (height, width, channels) (or (time, height, width, channels) for windows), come channels-first, as decoded
+    images do: `(rows, C, H, W)` / `(rows, T, C, H, W)`."""
+    shape = list(array.type.shape)
+    values = _fixed_size_list(array.storage, owner, False).reshape(len(array), *shape)
+    if array.type.value_type == pa.uint8() and len(shape) in (3, 4) and shape[-1] in (1, 3, 4):
+        return np.ascontiguousarray(np.moveaxis(values, -1, -3))
+    return values
 
 
 def _variable_list(array: pa.ListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:

@@ -1,0 +1,204 @@
+"""Camera videos of LeRobot datasets: which features are videos, where an episode's frames are, and decoding
+the frames nearest to given times (PyAV, i.e. FFmpeg: AV1 through dav1d, H.264, HEVC...).
+
+LeRobot's frame rule (format reference §4): the frame of a row at episode time `t` is the decoded frame whose
+presentation time is nearest to `from_timestamp + t` in the episode's file (v3.0, several episodes per file) or
+to `t` in the episode's own file (v2.1); farther than `tolerance_s` is an error, never a silently wrong frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from app.errors import DatasetError, InvalidInput
+from app.sources.source import SourceFingerprint, VideoFeature
+
+
+def video_features(info: dict[str, Any]) -> dict[str, VideoFeature]:
+    """The video features of an info.json, in its order."""
+    features = info.get("features") or {}
+    return {
+        key: VideoFeature.of(key, feature)
+        for key, feature in features.items()
+        if isinstance(feature, dict) and feature.get("dtype") == "video"
+    }
+
+
+def decode_nearest(root: Path, rel: str, times: np.ndarray, feature: VideoFeature) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
+    time: (uint8 (N, H, W, 3), float64 (N,)).
+
+    One pass: seek to the keyframe at or before the first time, then decode forward until the last time is
+    passed; only the frames picked are converted to RGB."""
+    import av  # the server's only video dependency, loaded when a camera is first read
+
+    path = root / rel
+    picked: list[Any] = [None] * len(times)
+    picked_at = np.full(len(times), np.nan)
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            base = stream.time_base
+            if len(times) and times[0] > 0:  # from the keyframe at or before the frame just ahead of the first time
+                ahead = times[0] - 1.0 / (feature.fps or 10.0)
+                container.seek(max(0, int(ahead / base)), stream=stream, backward=True, any_frame=False)
+            wanted = 0
+            previous: tuple[float, Any] | None = None
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                at = float(Fraction(frame.pts) * base)
+                while wanted < len(times) and times[wanted] <= at:
+                    nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
+                    picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
+                    wanted += 1
+                if wanted == len(times):
+                    break
+                previous = (at, frame)
+            while wanted < len(times) and previous is not None:  # past the last frame: the last frame is nearest
+                picked_at[wanted], picked[wanted] = previous
+                wanted += 1
+    except (OSError, av.error.FFmpegError) as exc:
+        raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
+    if any(frame is None for frame in picked):
+        raise DatasetError(f"video file {rel!r} holds no frames")
+    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+    converted: dict[int, np.ndarray] = {}
+    for position, frame in enumerate(picked):
+        image = converted.get(id(frame))
+        if image is None:
+            image = converted[id(frame)] = frame.to_ndarray(format="rgb24")
+        if image.shape != frames.shape[1:]:
+            raise DatasetError(
+                f"video file {rel!r} has {image.shape[1]}x{image.shape[0]} frames; "
+                f"info.json says {feature.width}x{feature.height}"
+            )
+        frames[position] = image
+    return frames, picked_at
+
+
+def check_tolerance(
+    key: str, episodes: np.ndarray, frame_index: np.ndarray, wanted: np.ndarray, found: np.ndarray, tolerance_s: float
+) -> None:
+    """A problem naming the first row whose nearest frame is farther than `tolerance_s` from its time."""
+    distance = np.abs(found - wanted)
+    bad = np.flatnonzero(~(distance <= tolerance_s))
+    if len(bad):
+        i = int(bad[0])
+        raise InvalidInput(
+            f"no frame of {key!r} within tolerance_s={tolerance_s:g} of episode {int(episodes[i])} frame "
+            f"{int(frame_index[i])} (time {wanted[i]:.6f} s in its video; "
+            f"the nearest frame is {distance[i]:.6f} s away)"
+        )
+
+
+PTS, FRAME = "pts", "frame"
+
+
+def frame_schema(feature: VideoFeature) -> pa.Schema:
+    """A decoded-frame segment: each frame's presentation time and its raw RGB pixels (row-major (H, W, C))."""
+    pixels = feature.height * feature.width * feature.channels
+    return pa.schema([pa.field(PTS, pa.float64()), pa.field(FRAME, pa.list_(pa.uint8(), pixels))])
+
+
+def video_fingerprint(root: Path, rel: str, feature: VideoFeature) -> SourceFingerprint:
+    """A video file's identity (one stat, and the frame count from the container's header)."""
+    import av
+
+    path = root / rel
+    try:
+        stat = path.stat()
+        with av.open(str(path)) as container:
+            frames = int(container.streams.video[0].frames)
+    except (OSError, av.error.FFmpegError, IndexError) as exc:
+        raise DatasetError(f"video file {rel!r} cannot be read: {exc}") from exc
+    if frames <= 0:
+        raise DatasetError(f"video file {rel!r} does not record its frame count; it cannot be cached")
+    return SourceFingerprint.of(rel, stat, frames, frame_schema(feature))
+
+
+def iter_frames(root: Path, rel: str, feature: VideoFeature, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Every frame of the file in presentation order, as record batches of about `batch_bytes` (a few frames in
+    memory at a time, whatever the length of the video)."""
+    import av
+
+    schema = frame_schema(feature)
+    pixels = schema.field(FRAME).type.list_size
+    per_batch = max(1, batch_bytes // pixels)
+    times: list[float] = []
+    images: list[np.ndarray] = []
+    last = -np.inf
+    try:
+        with av.open(str(root / rel)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                at = float(Fraction(frame.pts) * stream.time_base)
+                if at <= last:
+                    raise DatasetError(f"video file {rel!r} has frames out of presentation order at {at:.6f} s")
+                last = at
+                image = frame.to_ndarray(format="rgb24")
+                if image.size != pixels:
+                    raise DatasetError(
+                        f"video file {rel!r} has {image.shape[1]}x{image.shape[0]} frames; "
+                        f"info.json says {feature.width}x{feature.height}"
+                    )
+                times.append(at)
+                images.append(image.reshape(-1))
+                if len(images) == per_batch:
+                    yield _frame_batch(schema, times, images)
+                    times, images = [], []
+    except (OSError, av.error.FFmpegError) as exc:
+        raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
+    if images:
+        yield _frame_batch(schema, times, images)
+
+
+def _frame_batch(schema: pa.Schema, times: list[float], images: list[np.ndarray]) -> pa.RecordBatch:
+    flat = pa.array(np.concatenate(images), pa.uint8())
+    frames = pa.FixedSizeListArray.from_arrays(flat, schema.field(FRAME).type.list_size)
+    return pa.RecordBatch.from_arrays([pa.array(times, pa.float64()), frames], schema=schema)
+
+
+def nearest_rows(pts: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """For each of `times`, the position in the ascending `pts` of the nearest one (the earlier on a tie)."""
+    right = np.clip(np.searchsorted(pts, times, side="left"), 0, len(pts) - 1)
+    left = np.clip(right - 1, 0, len(pts) - 1)
+    return np.where(np.abs(times - pts[left]) <= np.abs(pts[right] - times), left, right)
+
+
+class CameraFiles:
+    """Mixed into a source whose `info.videos` are cameras in mp4 files: their files fingerprint and stream like
+    data files (a decoded-frame segment per video file, see `frame_schema`), so the segment store caches decoded
+    frames exactly as it caches parquet rows."""
+
+    root: Path
+    info: Any
+
+    def camera_of(self, rel: str) -> VideoFeature | None:
+        """The camera whose video file `rel` is (None for a data file)."""
+        if not rel.endswith(".mp4"):
+            return None
+        parts = Path(rel).parts
+        return next((feature for key, feature in self.info.videos.items() if key in parts), None)
+
+    def fingerprint(self, rel: str) -> tuple[SourceFingerprint, pa.Schema]:
+        camera = self.camera_of(rel)
+        if camera is None:
+            return super().fingerprint(rel)  # type: ignore[misc]
+        return video_fingerprint(self.root, rel, camera), frame_schema(camera)
+
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+        camera = self.camera_of(rel)
+        if camera is None:
+            return super().read_batches(rel, schema, batch_bytes)  # type: ignore[misc]
+        return iter_frames(self.root, rel, camera, batch_bytes)

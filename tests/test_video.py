@@ -1,0 +1,204 @@
+"""Camera frames served from the demo's mp4 files equal an independent PyAV decode under LeRobot's frame rule:
+v2.1 and v3.0, two cameras of different sizes, unsorted and duplicated picks, takes in random order, slices,
+windows past both episode ends, and through a DataLoader with workers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from app.demo import TOP_CAMERA, TWO_CAMERAS, WRIST_CAMERA, write_demo_dataset
+from tests.support import ServerProcess, oracle, read_stream
+from tests.test_errors import assert_problem
+from tests.video_oracle import episode_video, frames_for_rows
+
+FORMATS = {"cams-v3": "v3.0", "cams-v21": "v2.1"}
+
+
+@pytest.fixture(scope="module")
+def video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("video-root")
+    for name, version in FORMATS.items():
+        extra = {"video_files": 3} if version == "v3.0" else {}
+        write_demo_dataset(root / name, format=version, episodes=9, seed=3, cameras=TWO_CAMERAS, **extra)
+    return root
+
+
+@pytest.fixture(scope="module", params=["first-touch", "on-demand"])
+def video_server(video_root: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """The same answers whether frames are decoded per request or served from decoded-frame segments."""
+    env = {"EPISERVE_VIDEO_CACHE_POLICY": request.param}
+    with ServerProcess([video_root], tmp_path_factory.mktemp("video-cache"), env=env) as server:
+        server.policy = request.param
+        yield server
+
+
+@pytest.fixture
+def http(video_server: ServerProcess):
+    with httpx.Client(base_url=video_server.url, timeout=60) as client:
+        yield client
+
+
+def served_frames(table: pa.Table, key: str) -> np.ndarray:
+    return table[key].combine_chunks().to_numpy_ndarray()
+
+
+def expected_frames(root: Path, key: str, table: pa.Table) -> np.ndarray:
+    rows = zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True)
+    return frames_for_rows(root, key, rows)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_cameras_are_listed_with_their_geometry(http: httpx.Client, name: str) -> None:
+    columns = {c["name"]: c for c in http.get(f"/datasets/{name}").json()["columns"]}
+    assert columns[TOP_CAMERA]["video"]["shape"] == [64, 96, 3]
+    assert columns[WRIST_CAMERA]["video"]["shape"] == [48, 64, 3]
+    assert columns[TOP_CAMERA]["video"]["layout"] == "HWC"
+    assert columns[TOP_CAMERA]["video"]["codec"] in ("av1", "h264")
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_takes_in_random_order_of_an_unsorted_pick_equal_the_oracle(
+    video_root: Path, http: httpx.Client, name: str
+) -> None:
+    view = oracle(video_root / name, [7, 2, 5])
+    rng = np.random.default_rng(1)
+    indices = [*rng.integers(0, view.num_rows, 40).tolist(), 0, 0, view.num_rows - 1]
+    columns = ["episode_index", "frame_index", WRIST_CAMERA, TOP_CAMERA]
+    response = http.post(
+        f"/datasets/{name}/rows/take", json={"episodes": [7, 2, 5], "indices": indices, "columns": columns}
+    )
+    table = read_stream(response.content)
+    assert table.column_names == columns
+    expected_rows = view.take(pa.array(indices)).select(["episode_index", "frame_index"])
+    assert table.select(["episode_index", "frame_index"]).equals(expected_rows)
+    for key in (TOP_CAMERA, WRIST_CAMERA):
+        assert np.array_equal(served_frames(table, key), expected_frames(video_root / name, key, table))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_slices_equal_the_oracle(video_root: Path, http: httpx.Client, name: str) -> None:
+    params = {"episodes": "8,1-3", "start": 5, "stop": 150, "columns": f"{TOP_CAMERA},episode_index,frame_index"}
+    table = read_stream(http.get(f"/datasets/{name}/rows", params=params).content)
+    view = oracle(video_root / name, [1, 2, 3, 8]).slice(5, 145)
+    assert table.select(["episode_index", "frame_index"]).equals(view.select(["episode_index", "frame_index"]))
+    assert np.array_equal(served_frames(table, TOP_CAMERA), expected_frames(video_root / name, TOP_CAMERA, table))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_windows_reaching_past_both_episode_ends_clamp_and_pad(video_root: Path, http: httpx.Client, name: str) -> None:
+    view = oracle(video_root / name, [4])
+    last = view.num_rows - 1
+    offsets = [-2.0, -1 / 30, 0.0, 2.0]
+    body = {
+        "episodes": "4",
+        "indices": [0, 1, last],
+        "columns": ["frame_index"],
+        "delta_timestamps": {TOP_CAMERA: offsets},
+    }
+    table = read_stream(http.post(f"/datasets/{name}/rows/take", json=body).content)
+    windows = table[TOP_CAMERA].combine_chunks().to_numpy_ndarray()
+    assert windows.shape == (3, 4, 64, 96, 3)
+    for row, position in enumerate([0, 1, last]):
+        targets = [min(max(position + round(d * 30), 0), last) for d in offsets]
+        expected = frames_for_rows(video_root / name, TOP_CAMERA, [(4, t) for t in targets])
+        assert np.array_equal(windows[row], expected)
+        pads = [not 0 <= position + round(d * 30) <= last for d in offsets]
+        assert table[f"{TOP_CAMERA}_is_pad"][row].as_py() == pads
+
+
+def test_unknown_camera_is_422_naming_the_available_columns(http: httpx.Client) -> None:
+    response = http.get("/datasets/cams-v3/rows", params={"columns": "observation.images.side", "stop": 3})
+    assert_problem(response, 422, "'observation.images.side'", TOP_CAMERA)
+
+
+def test_dataloader_workers_get_channels_first_frames(video_root: Path, video_server: ServerProcess) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    import episerve
+
+    dataset = episerve.EpisodeDataset(
+        video_server.url, "cams-v3", episodes=[6, 0], columns=["episode_index", "frame_index", TOP_CAMERA]
+    )
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2, collate_fn=episerve.collate)
+    seen = 0
+    for batch in loader:
+        frames = batch[TOP_CAMERA]
+        assert frames.dtype == torch.uint8 and tuple(frames.shape[1:]) == (3, 64, 96)
+        rows = zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)
+        expected = frames_for_rows(video_root / "cams-v3", TOP_CAMERA, rows)
+        assert np.array_equal(frames.numpy(), expected.transpose(0, 3, 1, 2))
+        seen += len(frames)
+    assert seen == len(dataset)
+
+
+def test_a_missing_video_file_is_a_problem_naming_it_and_the_rest_still_serves(
+    video_root: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(video_root / "cams-v21", root / "broken")
+    (root / "broken" / "videos/chunk-000" / TOP_CAMERA / "episode_000003.mp4").unlink()
+    with ServerProcess([root], tmp_path / "cache") as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        missing = http.get("/datasets/broken/rows", params={"episodes": "3", "columns": TOP_CAMERA, "stop": 2})
+        assert_problem(missing, 503, "episode_000003.mp4")
+        fine = http.get("/datasets/broken/rows", params={"episodes": "2", "columns": f"{TOP_CAMERA},action", "stop": 2})
+        assert fine.status_code == 200 and read_stream(fine.content).num_rows == 2
+
+
+def test_a_frame_farther_than_the_tolerance_is_a_problem_not_a_wrong_frame(video_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(video_root / "cams-v3", root / "shifted")
+    (meta,) = sorted((root / "shifted" / "meta/episodes").rglob("*.parquet"))
+    table = pq.read_table(meta)
+    column = f"videos/{TOP_CAMERA}/from_timestamp"
+    pairs = zip(table["episode_index"].to_pylist(), table[column].to_pylist(), strict=True)
+    shifted = [t + 0.01 if e == 5 else t for e, t in pairs]
+    table = table.set_column(table.schema.get_field_index(column), column, pa.array(shifted, table[column].type))
+    pq.write_table(table, meta)
+    with ServerProcess([root], tmp_path / "cache") as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        body = {"episodes": [5], "indices": [3], "columns": [TOP_CAMERA]}
+        assert_problem(http.post("/datasets/shifted/rows/take", json=body), 422, TOP_CAMERA, "episode 5", "frame 3")
+        loose = http.post("/datasets/shifted/rows/take", json={**body, "tolerance_s": 0.02})
+        assert loose.status_code == 200
+
+
+def test_first_touch_builds_one_decoded_frame_segment_per_video_file_read(
+    video_root: Path, video_server: ServerProcess, http: httpx.Client
+) -> None:
+    body = {"episodes": [0, 8], "indices": [0, 1], "columns": [TOP_CAMERA]}
+    assert http.post("/datasets/cams-v3/rows/take", json=body).status_code == 200
+    sources = {
+        orjson.loads(sidecar.read_bytes())["source"]["path"]
+        for sidecar in Path(video_server.cache_dir).rglob("segments/*.json")
+    }
+    videos = {path for path in sources if path.endswith(".mp4")}
+    if video_server.policy == "on-demand":
+        assert videos == set()
+    else:
+        dataset = video_root / "cams-v3"
+        touched = {episode_video(dataset, TOP_CAMERA, e).path.relative_to(dataset).as_posix() for e in (0, 8)}
+        assert len(touched) == 2 and touched <= videos
+
+
+def test_warm_videos_builds_the_frame_segments_that_the_warmed_policy_serves(video_root: Path, tmp_path: Path) -> None:
+    from tests.test_cli import run_cli
+
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    result = run_cli("warm", "cams", "--episodes", "2-3", "--videos", "--root", str(root), "--cache-dir", str(cache))
+    assert result.returncode == 0, result.stderr
+    assert "4 video files needed, 4 decoded" in result.stdout  # 2 episodes x 2 cameras, one file each in v2.1
+    env = {"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}
+    with ServerProcess([root], cache, env=env) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        body = {"episodes": "2-3", "indices": [0, 5, 70], "columns": ["episode_index", "frame_index", WRIST_CAMERA]}
+        table = read_stream(http.post("/datasets/cams/rows/take", json=body).content)
+        expected = expected_frames(root / "cams", WRIST_CAMERA, table)
+        assert np.array_equal(served_frames(table, WRIST_CAMERA), expected)
