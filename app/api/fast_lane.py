@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qsl
 
-import anyio
 from starlette.datastructures import Headers, State
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
@@ -40,6 +39,7 @@ from app.api.deps import (
     check_declared_length,
     check_json_content_type,
     decode_json_body,
+    until,
 )
 from app.api.rows import to_response
 from app.auth import TokenCheck
@@ -169,7 +169,7 @@ async def _buffer_body(receive: Receive, limit: int, deadline: float) -> tuple[b
     chunks: list[bytes] = []
     size = 0
     try:
-        with anyio.fail_after(deadline - anyio.current_time()):
+        async with until(deadline):
             while True:
                 message = await receive()
                 if message["type"] != "http.request":  # the client left: the route hears it after the partial body

@@ -23,6 +23,8 @@ TIMESTAMP = "timestamp"
 def view_schema(dataset: Dataset, index: EpisodeIndex) -> pa.Schema:
     """The columns of the view: the stored ones, then one per camera."""
     videos = dataset.info().videos
+    if not videos:
+        return index.schema
     stored = [name for name in videos if name in index.schema.names]
     if stored:
         raise DatasetError(f"cameras {stored} are also stored columns; the dataset is inconsistent")

@@ -85,13 +85,12 @@ class Dataset:
 
     def info(self) -> DatasetInfo:
         """What the dataset's metadata says (as of the current index)."""
-        self.index()
-        assert self._source is not None
-        return self._source.info
+        return self.source().info
 
     def source(self) -> Source:
-        """The dataset's source, as of the current index."""
-        self.index()
+        """The dataset's source, as of the current index (read with the index on first use)."""
+        if self._source is None:
+            self.index()
         assert self._source is not None
         return self._source
 

@@ -82,6 +82,7 @@ class Segment:
 
     def __post_init__(self) -> None:
         self._offsets_list = self.batch_offsets.tolist()
+        self._path_text = str(self.path) if self.path is not None else ""  # os.stat of a str is the cheapest
 
     @property
     def num_rows(self) -> int:
@@ -96,7 +97,7 @@ class Segment:
         if self.path is None:
             return True
         try:
-            stat = self.path.stat()
+            stat = os.stat(self._path_text)
         except OSError:
             return True  # unlinked: the mapped inode lives on, untouched
         return stat.st_ino != self.inode or stat.st_size >= self.nbytes
