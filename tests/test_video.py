@@ -202,3 +202,22 @@ def test_warm_videos_builds_the_frame_segments_that_the_warmed_policy_serves(vid
         table = read_stream(http.post("/datasets/cams/rows/take", json=body).content)
         expected = expected_frames(root / "cams", WRIST_CAMERA, table)
         assert np.array_equal(served_frames(table, WRIST_CAMERA), expected)
+
+
+def test_verify_checks_decoded_frame_segments_and_rebuilds_a_damaged_one(video_root: Path, tmp_path: Path) -> None:
+    from tests.test_cli import run_cli
+
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    location = ["--root", str(root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams", "--episodes", "1", "--videos", *location).returncode == 0
+    sidecars = {orjson.loads(p.read_bytes())["source"]["path"]: p for p in cache.rglob("segments/*.json")}
+    video = f"videos/chunk-000/{TOP_CAMERA}/episode_000001.mp4"
+    segment = sidecars[video].with_suffix(".arrow")
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    found = run_cli("verify", "cams", *location)
+    assert found.returncode == 1 and f"{video}: checksum" in found.stdout, found.stdout
+    assert run_cli("verify", "cams", "--rebuild", *location).returncode == 0
+    assert run_cli("verify", "cams", *location).returncode == 0
