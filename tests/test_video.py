@@ -221,3 +221,29 @@ def test_verify_checks_decoded_frame_segments_and_rebuilds_a_damaged_one(video_r
     assert found.returncode == 1 and f"{video}: checksum" in found.stdout, found.stdout
     assert run_cli("verify", "cams", "--rebuild", *location).returncode == 0
     assert run_cli("verify", "cams", *location).returncode == 0
+
+
+def test_a_rewritten_video_file_invalidates_exactly_its_frame_segment(video_root: Path, tmp_path: Path) -> None:
+    from tests.test_cli import run_cli
+
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    location = ["--root", str(root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams", "--episodes", "1-2", "--videos", *location).returncode == 0
+    videos = root / "cams" / "videos/chunk-000" / TOP_CAMERA
+
+    def built() -> dict[str, dict]:
+        sidecars = (orjson.loads(p.read_bytes()) for p in cache.rglob("segments/*.json"))
+        return {s["source"]["path"]: s["source"] for s in sidecars if s["source"]["path"].endswith(".mp4")}
+
+    before = built()
+    shutil.copyfile(videos / "episode_000002.mp4", videos / "episode_000001.mp4")  # same name, other content
+    with ServerProcess([root], cache) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        body = {"episodes": [1, 2], "indices": [0], "columns": ["episode_index", "frame_index", TOP_CAMERA]}
+        table = read_stream(http.post("/datasets/cams/rows/take", json=body).content)
+        assert np.array_equal(served_frames(table, TOP_CAMERA), expected_frames(root / "cams", TOP_CAMERA, table))
+    after = built()
+    rewritten, kept = (f"videos/chunk-000/{TOP_CAMERA}/episode_00000{n}.mp4" for n in (1, 2))
+    assert after[kept] == before[kept]
+    assert after[rewritten] != before[rewritten]  # rebuilt for the new content
+    assert after[rewritten]["ctime_ns"] > before[rewritten]["ctime_ns"]
