@@ -10,7 +10,7 @@ import pyarrow as pa
 from app.errors import DatasetError, InvalidInput
 from app.reads.episode_spec import EpisodeRanges, resolve_episodes
 from app.reads.takes import take_rows
-from app.sources.source import EpisodeClip, VideoFeature
+from app.sources.source import EpisodeClip, Source, VideoFeature
 from app.sources.video import FRAME, PTS, check_tolerance, decode_nearest, frame_schema, nearest_rows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
@@ -65,14 +65,15 @@ def frame_columns(
 
 def _frames(
     dataset: Dataset,
-    source: object,
+    source: Source,
     feature: VideoFeature,
     episodes: np.ndarray,
     timestamps: np.ndarray,
     frame_index: np.ndarray,
     tolerance_s: float,
 ) -> np.ndarray:
-    clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}  # type: ignore[attr-defined]
+    """The frames of `feature` for rows of `episodes` at `timestamps`, checked against `tolerance_s`."""
+    clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}
     wanted = timestamps + np.array([clips[int(e)].from_timestamp for e in episodes])
     paths = np.array([clips[int(e)].path for e in episodes], dtype=object)
     frames = np.empty((len(episodes), feature.height, feature.width, feature.channels), dtype=np.uint8)
