@@ -228,8 +228,10 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     print(f"{dataset.id}: {len(needed)} segments needed, {built} built, {len(needed) - built} already cached")
     if videos:
         with tqdm(total=len(videos), unit="videos", desc=f"decoding {dataset.id} cameras") as bar:
-            built = warm_videos(dataset, videos, on_segment=lambda: bar.update(1))
-        print(f"{dataset.id}: {len(videos)} video files needed, {built} decoded, {len(videos) - built} already cached")
+            built, too_large = warm_videos(dataset, videos, on_segment=lambda: bar.update(1))
+        cached = len(videos) - built - too_large
+        print(f"{dataset.id}: {len(videos)} video files needed, {built} decoded, {cached} already cached", end="")
+        print(f", {too_large} larger than EPISERVE_VIDEO_CACHE_BYTES (decoded on demand)" if too_large else "")
     return 0
 
 

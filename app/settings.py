@@ -94,6 +94,24 @@ class Settings(BaseSettings):
         description="Camera frames: decode on demand only; build each video file's decoded-frame segment on first "
         "touch and serve from it; or serve from segments only where `warm --videos` built them.",
     )
+    video_cache_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Disk budget of the decoded-frame segments of all datasets in the cache directory: the least "
+        "recently used are evicted to make room for a new one, and a video whose segment alone exceeds the budget is "
+        "decoded on demand. Unset: no limit.",
+    )
+    video_cache_size: Annotated[dict[str, tuple[int, int]], NoDecode] = Field(
+        default_factory=dict,
+        description="Serve camera frames downscaled (decoded-frame segments are stored at that size too): `HxW` for "
+        "every dataset, `DATASET=HxW` for one, comma-separated (e.g. `224x224,pusht=96x96`). Unset: the files' size.",
+    )
+    video_decoders: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Open video decoders kept per process for reads that continue where the last one stopped.",
+    )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
         4 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."
@@ -112,6 +130,17 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part for part in value.split(os.pathsep) if part.strip()]
         return value
+
+    @field_validator("video_cache_size", mode="before")
+    @classmethod
+    def _parse_frame_sizes(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_frame_sizes(value)
+        return value
+
+    def frame_size(self, dataset_id: str) -> tuple[int, int] | None:
+        """(height, width) camera frames of this dataset are served at, if downscaled."""
+        return self.video_cache_size.get(dataset_id, self.video_cache_size.get("*"))
 
     @field_validator("tokens", mode="before")
     @classmethod
@@ -136,3 +165,17 @@ class Settings(BaseSettings):
             lines = self.tokens_file.read_text().splitlines()
             tokens += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
         return tokens
+
+
+def parse_frame_sizes(text: str) -> dict[str, tuple[int, int]]:
+    """`224x224,pusht=96x128` -> {"*": (224, 224), "pusht": (96, 128)} (height x width)."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        dataset_id, _, size = entry.rpartition("=")
+        height, x, width = size.strip().lower().partition("x")
+        if not x or not height.isdigit() or not width.isdigit() or int(height) < 1 or int(width) < 1:
+            raise ValueError(f"frame size {size!r} is not HxW (two positive integers, e.g. 224x224)")
+        sizes[dataset_id.strip() or "*"] = (int(height), int(width))
+    return sizes

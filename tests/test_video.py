@@ -177,7 +177,7 @@ def test_first_touch_builds_one_decoded_frame_segment_per_video_file_read(
     assert http.post("/datasets/cams-v3/rows/take", json=body).status_code == 200
     sources = {
         orjson.loads(sidecar.read_bytes())["source"]["path"]
-        for sidecar in Path(video_server.cache_dir).rglob("segments/*.json")
+        for sidecar in Path(video_server.cache_dir).rglob("frames/*.json")
     }
     videos = {path for path in sources if path.endswith(".mp4")}
     if video_server.policy == "on-demand":
@@ -211,7 +211,7 @@ def test_verify_checks_decoded_frame_segments_and_rebuilds_a_damaged_one(video_r
     shutil.copytree(video_root / "cams-v21", root / "cams")
     location = ["--root", str(root), "--cache-dir", str(cache)]
     assert run_cli("warm", "cams", "--episodes", "1", "--videos", *location).returncode == 0
-    sidecars = {orjson.loads(p.read_bytes())["source"]["path"]: p for p in cache.rglob("segments/*.json")}
+    sidecars = {orjson.loads(p.read_bytes())["source"]["path"]: p for p in cache.rglob("frames/*.json")}
     video = f"videos/chunk-000/{TOP_CAMERA}/episode_000001.mp4"
     segment = sidecars[video].with_suffix(".arrow")
     data = bytearray(segment.read_bytes())
@@ -233,7 +233,7 @@ def test_a_rewritten_video_file_invalidates_exactly_its_frame_segment(video_root
     videos = root / "cams" / "videos/chunk-000" / TOP_CAMERA
 
     def built() -> dict[str, dict]:
-        sidecars = (orjson.loads(p.read_bytes()) for p in cache.rglob("segments/*.json"))
+        sidecars = (orjson.loads(p.read_bytes()) for p in cache.rglob("frames/*.json"))
         return {s["source"]["path"]: s["source"] for s in sidecars if s["source"]["path"].endswith(".mp4")}
 
     before = built()

@@ -105,15 +105,12 @@ def video_files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list
 
 
 def _frame_segment(dataset: Dataset, path: str, feature: VideoFeature) -> Segment | None:
-    """The decoded-frame segment of a video file, as the cache policy has it: built on first touch, used only
-    where `warm` built it, or never."""
+    """The decoded-frame segment of a video file, as the cache policy has it: built on first touch (budget
+    allowing), used only where `warm` built it, or never."""
     policy = dataset.limits.video_cache_policy
     if policy == "on-demand":
         return None
-    source, schema = dataset.file_fingerprint(path), frame_schema(feature)
-    if policy == "warmed":
-        return dataset.segments.open_if_built(source, schema)
-    return dataset.segments.open(source, schema)
+    return dataset.frame_segment(path, frame_schema(feature), build=policy == "first-touch")
 
 
 def _nearest_in_segment(segment: Segment, times: np.ndarray, feature: VideoFeature) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -67,7 +67,8 @@ class SourceFingerprint:
 
 @dataclass(frozen=True)
 class VideoFeature:
-    """A camera: its feature key and frame geometry as info.json records them."""
+    """A camera: its feature key, the frame geometry its files hold (as info.json records it), and the geometry
+    it is served at (the same, unless the server downscales frames: `resized`)."""
 
     key: str
     height: int
@@ -76,6 +77,20 @@ class VideoFeature:
     codec: str | None
     pix_fmt: str | None
     fps: float | None
+    file_height: int | None = None  # when served resized: the size of the frames in the files
+    file_width: int | None = None
+
+    @property
+    def file_size(self) -> tuple[int, int]:
+        """(height, width) of the frames in the video files."""
+        return (self.file_height or self.height, self.file_width or self.width)
+
+    def resized(self, height: int, width: int) -> VideoFeature:
+        """The same camera served at `height` x `width`."""
+        file_height, file_width = self.file_size
+        if (height, width) == (file_height, file_width):
+            return replace(self, height=height, width=width, file_height=None, file_width=None)
+        return replace(self, height=height, width=width, file_height=file_height, file_width=file_width)
 
     @classmethod
     def of(cls, key: str, feature: dict[str, Any]) -> VideoFeature:
@@ -103,6 +118,7 @@ class VideoFeature:
             "video": {
                 "shape": [self.height, self.width, self.channels],
                 "layout": "HWC",
+                "file_shape": [*self.file_size, self.channels],
                 "codec": self.codec,
                 "pix_fmt": self.pix_fmt,
                 "fps": self.fps,

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from app.errors import DatasetError, InvalidInput
+from app.sources.decoders import DECODERS, DecoderPool
 from app.sources.source import SourceFingerprint, VideoFeature
 
 
@@ -30,58 +32,43 @@ def video_features(info: dict[str, Any]) -> dict[str, VideoFeature]:
     }
 
 
-def decode_nearest(root: Path, rel: str, times: np.ndarray, feature: VideoFeature) -> tuple[np.ndarray, np.ndarray]:
+def decode_nearest(
+    root: Path, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool = DECODERS
+) -> tuple[np.ndarray, np.ndarray]:
     """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
-    time: (uint8 (N, H, W, 3), float64 (N,)).
+    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,)).
 
-    One pass: seek to the keyframe at or before the first time, then decode forward until the last time is
-    passed; only the frames picked are converted to RGB."""
-    import av  # the server's only video dependency, loaded when a camera is first read
+    One forward pass from the keyframe at or before the first time (or on from where the last read of the file
+    stopped, see `app.sources.decoders`); only the frames picked are converted to RGB."""
+    import av
 
-    path = root / rel
-    picked: list[Any] = [None] * len(times)
-    picked_at = np.full(len(times), np.nan)
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            base = stream.time_base
-            if len(times) and times[0] > 0:  # from the keyframe at or before the frame just ahead of the first time
-                ahead = times[0] - 1.0 / (feature.fps or 10.0)
-                container.seek(max(0, int(ahead / base)), stream=stream, backward=True, any_frame=False)
-            wanted = 0
-            previous: tuple[float, Any] | None = None
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                at = float(Fraction(frame.pts) * base)
-                while wanted < len(times) and times[wanted] <= at:
-                    nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
-                    picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
-                    wanted += 1
-                if wanted == len(times):
-                    break
-                previous = (at, frame)
-            while wanted < len(times) and previous is not None:  # past the last frame: the last frame is nearest
-                picked_at[wanted], picked[wanted] = previous
-                wanted += 1
+        with decoders.checkout(root / rel) as decoder:
+            picked, picked_at = decoder.nearest(times, feature.fps or 10.0)
+            if any(frame is None for frame in picked):
+                raise DatasetError(f"video file {rel!r} holds no frames")
+            frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+            converted: dict[int, np.ndarray] = {}
+            for position, frame in enumerate(picked):
+                image = converted.get(id(frame))
+                if image is None:
+                    image = converted[id(frame)] = to_rgb(frame, feature, rel)
+                frames[position] = image
     except (OSError, av.error.FFmpegError) as exc:
         raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
-    if any(frame is None for frame in picked):
-        raise DatasetError(f"video file {rel!r} holds no frames")
-    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
-    converted: dict[int, np.ndarray] = {}
-    for position, frame in enumerate(picked):
-        image = converted.get(id(frame))
-        if image is None:
-            image = converted[id(frame)] = frame.to_ndarray(format="rgb24")
-        if image.shape != frames.shape[1:]:
-            raise DatasetError(
-                f"video file {rel!r} has {image.shape[1]}x{image.shape[0]} frames; "
-                f"info.json says {feature.width}x{feature.height}"
-            )
-        frames[position] = image
     return frames, picked_at
+
+
+def to_rgb(frame: Any, feature: VideoFeature, rel: str) -> np.ndarray:
+    """A decoded frame as uint8 (H, W, 3) RGB at the camera's served size (area-averaged when downscaled)."""
+    if (frame.height, frame.width) != feature.file_size:
+        height, width = feature.file_size
+        raise DatasetError(
+            f"video file {rel!r} has {frame.width}x{frame.height} frames; info.json says {width}x{height}"
+        )
+    if (feature.height, feature.width) == feature.file_size:
+        return frame.to_ndarray(format="rgb24")
+    return frame.to_ndarray(format="rgb24", width=feature.width, height=feature.height, interpolation="AREA")
 
 
 def check_tolerance(
@@ -104,8 +91,10 @@ PTS, FRAME = "pts", "frame"
 
 def frame_schema(feature: VideoFeature) -> pa.Schema:
     """A decoded-frame segment: each frame's presentation time and its raw RGB pixels (row-major (H, W, C))."""
-    pixels = feature.height * feature.width * feature.channels
-    return pa.schema([pa.field(PTS, pa.float64()), pa.field(FRAME, pa.list_(pa.uint8(), pixels))])
+    shape = [feature.height, feature.width, feature.channels]
+    pixels = pa.list_(pa.uint8(), shape[0] * shape[1] * shape[2])
+    frame = pa.field(FRAME, pixels, metadata={"shape": orjson.dumps(shape)})
+    return pa.schema([pa.field(PTS, pa.float64()), frame])
 
 
 def video_fingerprint(root: Path, rel: str, feature: VideoFeature) -> SourceFingerprint:
@@ -146,12 +135,7 @@ def iter_frames(root: Path, rel: str, feature: VideoFeature, batch_bytes: int) -
                 if at <= last:
                     raise DatasetError(f"video file {rel!r} has frames out of presentation order at {at:.6f} s")
                 last = at
-                image = frame.to_ndarray(format="rgb24")
-                if image.size != pixels:
-                    raise DatasetError(
-                        f"video file {rel!r} has {image.shape[1]}x{image.shape[0]} frames; "
-                        f"info.json says {feature.width}x{feature.height}"
-                    )
+                image = to_rgb(frame, feature, rel)
                 times.append(at)
                 images.append(image.reshape(-1))
                 if len(images) == per_batch:

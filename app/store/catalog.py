@@ -18,6 +18,7 @@ from app.errors import DoesNotExist, InvalidInput
 from app.settings import Settings
 from app.sources import is_dataset_dir, is_dataset_root
 from app.store.dataset import Dataset
+from app.store.frame_budget import FrameBudget
 from app.store.segments import SegmentLRU
 
 _ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
@@ -52,6 +53,7 @@ class Catalog:
         self.settings = settings
         self.roots = roots
         self.lru = SegmentLRU(settings.max_open_segments)
+        self.frame_budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, self.lru)
         self._lock = threading.Lock()
         self._paths: dict[str, Path] = {}
         self._datasets: dict[str, Dataset] = {}
@@ -103,6 +105,7 @@ class Catalog:
                     self.settings.episode_column,
                     self.lru,
                     self.settings,
+                    self.frame_budget,
                 )
                 self._datasets[dataset_id] = dataset
             return dataset

@@ -3,6 +3,7 @@ running servers."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from filelock import FileLock, Timeout
 
 from app.errors import ProblemError
 from app.store.dataset import Dataset
-from app.store.segments import Removed, SegmentStore, clean_temps, remove_file
+from app.store.segments import STORE_DIRS, Removed, SegmentStore, clean_temps, remove_file
+from app.store.verify import built_frame_segments
 
 
 @dataclass
@@ -34,7 +36,8 @@ def clear(dataset_dirs: list[Path]) -> Cleanup:
     files themselves stay, since another process may be waiting on one."""
     cleanup = Cleanup()
     for directory in dataset_dirs:
-        _remove_segments(directory, set(), cleanup)
+        for store in STORE_DIRS:
+            _remove_segments(directory / store, set(), cleanup)
         cleanup.removed += clean_temps(directory)
         cleanup.removed += remove_file(directory / "index.json")
     return cleanup
@@ -65,33 +68,46 @@ def prune(cache_root: Path, datasets: list[Dataset]) -> Cleanup:
             for source in index.files
             if dataset.segments.built_size(source, index.schema) is not None
         }
-        _remove_segments(directory, valid, cleanup)
+        _remove_segments(directory / "segments", valid, cleanup)
+        _remove_segments(directory / "frames", _current_frame_segments(dataset), cleanup)
     return cleanup
 
 
-def _remove_segments(directory: Path, keep: set[str], cleanup: Cleanup) -> None:
-    """Remove the segments of `directory` (arrow, sidecar, build temp) except those named in `keep`."""
-    segments = directory / "segments"
-    names = {p.name.removesuffix(".arrow") for p in segments.glob("*.arrow")}
-    names |= {p.name.removesuffix(".json") for p in segments.glob("*.json")}
+def _current_frame_segments(dataset: Dataset) -> set[str]:
+    """Names of the decoded-frame segments built for the dataset's current video files."""
+    current = set()
+    for rel, schema in built_frame_segments(dataset):
+        with contextlib.suppress(ProblemError):  # a video gone or unreadable: its frames serve nothing
+            if dataset.frames.built_size(dataset.file_fingerprint(rel), schema) is not None:
+                current.add(SegmentStore.segment_name(rel))
+    return current
+
+
+def _remove_segments(store: Path, keep: set[str], cleanup: Cleanup) -> None:
+    """Remove the segments of a segment store directory (arrow, sidecar, build temp) except those named in
+    `keep`."""
+    names = {p.name.removesuffix(".arrow") for p in store.glob("*.arrow")}
+    names |= {p.name.removesuffix(".json") for p in store.glob("*.json")}
     for name in sorted(names - keep):
         try:
-            with FileLock(segments / f"{name}.lock", timeout=0):
+            with FileLock(store / f"{name}.lock", timeout=0):
                 for suffix in (".json", ".arrow", ".arrow.tmp"):
-                    cleanup.removed += remove_file(segments / f"{name}{suffix}")
+                    cleanup.removed += remove_file(store / f"{name}{suffix}")
         except Timeout:
-            cleanup.skipped.append(segments / f"{name}.arrow")
+            cleanup.skipped.append(store / f"{name}.arrow")
 
 
 def _remove_directory(directory: Path, cleanup: Cleanup) -> None:
     """Remove an orphaned dataset cache: its lock files, then the directories if nothing else is left."""
-    segments = directory / "segments"
-    if any(p.name.endswith(".arrow") for p in cleanup.skipped if p.parent == segments):
+    stores = [directory / name for name in STORE_DIRS]
+    if any(p.name.endswith(".arrow") for p in cleanup.skipped if p.parent in stores):
         return
-    for lock in segments.glob("*.lock"):
+    for lock in (lock for store in stores for lock in store.glob("*.lock")):
         cleanup.removed += remove_file(lock)
-    for path in (segments, directory):
+    for path in [*stores, directory]:
         try:
             path.rmdir()
+        except FileNotFoundError:
+            continue
         except OSError:
             return

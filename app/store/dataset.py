@@ -26,6 +26,7 @@ from app.settings import Settings
 from app.sources import DatasetInfo, Source, SourceFingerprint, open_source, stamp, watched_paths
 from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex, load_or_build_index
+from app.store.frame_budget import FrameBudget
 from app.store.segments import (
     BuildProgress,
     ProgressCallback,
@@ -34,6 +35,7 @@ from app.store.segments import (
     SegmentStore,
     SourceChanged,
     clean_temps,
+    estimated_segment_bytes,
 )
 from app.store.views import EpisodeView
 
@@ -55,6 +57,7 @@ class Dataset:
         episode_column: str,
         lru: SegmentLRU,
         limits: Settings,
+        frame_budget: FrameBudget | None = None,
     ) -> None:
         self.id = dataset_id
         self.path = path
@@ -73,6 +76,8 @@ class Dataset:
         self._looked_at = 0.0  # time.monotonic() of the last look at the files
         self.checked_at: float | None = None  # epoch seconds of the same moment
         self.segments = SegmentStore(cache_dir / "segments", lru, limits.build_batch_bytes, limits.verify_on_open)
+        self.frames = SegmentStore(cache_dir / "frames", lru, limits.build_batch_bytes, limits.verify_on_open)
+        self.frame_budget = frame_budget or FrameBudget(cache_dir.parent, limits.video_cache_bytes, lru)
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
     @staticmethod
@@ -111,11 +116,14 @@ class Dataset:
         watched = watched_paths(self.path)
         stamped = stamp(watched)
         source = open_source(self.path)
+        size = self.limits.frame_size(self.id)
+        if size is not None:
+            source.info.videos = {key: camera.resized(*size) for key, camera in source.info.videos.items()}
         column = source.info.episode_column or self.default_episode_column
         index = load_or_build_index(source, column, self.cache_dir / "index.json")
         self._source, self._index, self._full_view = source, index, EpisodeView.of(index)
         self.episode_column, self._watched, self._stamp = column, watched, stamped
-        self.segments.reader = source
+        self.segments.reader = self.frames.reader = source
 
     def _mark_looked(self) -> None:
         self._looked_at, self.checked_at = time.monotonic(), time.time()
@@ -241,6 +249,21 @@ class Dataset:
         if known is None or not source.is_unchanged(known):
             known = self._other_files[rel] = source.fingerprint(rel)[0]
         return known
+
+    def frame_segment(self, rel: str, schema: pa.Schema, build: bool) -> Segment | None:
+        """The decoded-frame segment of video file `rel`: opened if built; else built first if `build` and the
+        video cache budget has room for it (None otherwise: decode on demand)."""
+        source = self.file_fingerprint(rel)
+        segment = self.frames.open_if_built(source, schema)
+        if segment is None:
+            if not build:
+                return None
+            arrow = self.frames.paths(rel).arrow
+            if not self.frame_budget.admit(arrow, estimated_segment_bytes(schema, source.rows)):
+                return None
+            segment = self.frames.open(source, schema)
+        self.frame_budget.touch(self.frames.paths(rel).arrow)
+        return segment
 
     # -- the cache -----------------------------------------------------------------------------------------------
 

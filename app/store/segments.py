@@ -205,6 +205,21 @@ class BuildProgress:
 ProgressCallback = Callable[[int, int], None]  # (rows, bytes) written by the latest batch
 
 
+def estimated_segment_bytes(schema: pa.Schema, rows: int) -> int:
+    """About how large a segment of `rows` rows of a fixed-width `schema` is on disk (variable-width columns are
+    counted at 16 bytes a value)."""
+    row = 0
+    for field_ in schema:
+        kind, count = field_.type, 1
+        while isinstance(kind, pa.FixedSizeListType):
+            kind, count = kind.value_type, count * kind.list_size
+        try:
+            row += count * max(1, kind.bit_width // 8)
+        except ValueError:
+            row += count * 16
+    return rows * row + 64 * 1024  # plus the IPC file's framing and footer, roughly
+
+
 def file_checksum(path: Path) -> str:
     """Checksum of a whole file, read through a memory map (`xxh3_64:<hex>`)."""
     with open(path, "rb") as handle:
@@ -506,6 +521,7 @@ class SegmentStore:
 
 
 TEMP_MAX_AGE_SECONDS = 300.0
+STORE_DIRS = ("segments", "frames")  # a dataset cache's segment stores: rows, and decoded camera frames
 
 
 @dataclass(frozen=True)
@@ -524,14 +540,13 @@ def clean_temps(cache_dir: Path, max_age: float = TEMP_MAX_AGE_SECONDS) -> list[
     (or thread) keeps its temp. Other temps (the index's `.index.json.*.tmp`) are written in one short call and
     are removed once older than `max_age` seconds."""
     removed: list[Removed] = []
-    segments = cache_dir / "segments"
-    for tmp in sorted(segments.glob("*.tmp")) if segments.is_dir() else []:
+    for tmp in sorted(tmp for store in STORE_DIRS for tmp in (cache_dir / store).glob("*.tmp")):
         name = tmp.name.removesuffix(".arrow.tmp") if tmp.name.endswith(".arrow.tmp") else _sidecar_stem(tmp.name)
         if name is None:
             removed += _remove_if_old(tmp, max_age)
             continue
         try:
-            with FileLock(segments / f"{name}.lock", timeout=0):
+            with FileLock(tmp.parent / f"{name}.lock", timeout=0):
                 removed += remove_file(tmp)
         except Timeout:
             continue  # being written right now

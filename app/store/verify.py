@@ -29,32 +29,33 @@ def verify(dataset: Dataset, rebuild: bool = False) -> VerifyReport:
     served), then every segment on disk against its sidecar (size, checksum, schema, rows); optionally rebuild."""
     report = VerifyReport(dataset.id, index_problem=_verify_index(dataset))
     index = dataset.index()
-    segments = [(source, index.schema) for source in index.files]
-    segments += [(dataset.file_fingerprint(rel), schema) for rel, schema in _frame_segments(dataset)]
-    for source, schema in segments:
-        if not dataset.segments.paths(source.path).arrow.exists():
+    segments = [(dataset.segments, source, index.schema) for source in index.files]
+    frames = built_frame_segments(dataset)
+    segments += [(dataset.frames, dataset.file_fingerprint(rel), schema) for rel, schema in frames]
+    for store, source, schema in segments:
+        if not store.paths(source.path).arrow.exists():
             report.absent += 1
             continue
         report.checked += 1
-        problem = dataset.segments.verify(source, schema)
+        problem = store.verify(source, schema)
         if problem is None:
             continue
         report.damaged[source.path] = problem
         if rebuild:
-            dataset.segments.discard(source)
-            dataset.segments.open(source, schema)
+            store.discard(source)
+            store.open(source, schema)
             report.rebuilt.append(source.path)
     return report
 
 
-def _frame_segments(dataset: Dataset) -> list[tuple[str, pa.Schema]]:
+def built_frame_segments(dataset: Dataset) -> list[tuple[str, pa.Schema]]:
     """(video file, frame schema) of the decoded-frame segments built so far (the others are not checked)."""
     source = dataset.source()
     built: dict[str, pa.Schema] = {}
     for episode in dataset.index().episodes.tolist() if source.info.videos else []:
         for key, feature in source.info.videos.items():
             rel = source.episode_clip(key, int(episode)).path
-            if dataset.segments.paths(rel).arrow.exists() or dataset.segments.paths(rel).sidecar.exists():
+            if dataset.frames.paths(rel).arrow.exists() or dataset.frames.paths(rel).sidecar.exists():
                 built[rel] = frame_schema(feature)
     return sorted(built.items())
 

@@ -62,15 +62,16 @@ def warm(
 
 def warm_videos(
     dataset: Dataset, videos: list[tuple[str, pa.Schema]], on_segment: Callable[[], None] | None = None
-) -> int:
+) -> tuple[int, int]:
     """Build the decoded-frame segments of video files (path, frame schema), one at a time (the decoder uses
-    the cores); return how many this call built."""
-    before = dataset.segments.builds
+    the cores); return how many this call built, and how many are larger than the whole video cache budget."""
+    before, too_large = dataset.frames.builds, 0
     for path, schema in videos:
-        dataset.segments.open(dataset.file_fingerprint(path), schema)
+        if dataset.frame_segment(path, schema, build=True) is None:
+            too_large += 1
         if on_segment is not None:
             on_segment()
-    return dataset.segments.builds - before
+    return dataset.frames.builds - before, too_large
 
 
 @dataclass

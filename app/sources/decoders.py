@@ -1,0 +1,156 @@
+"""Open video decoders, kept for reuse: a read that continues where the previous one of the same file stopped
+(the next batch of a sequential reader) decodes on without seeking.
+
+A decoder is checked out by one thread at a time (two threads reading one file get two decoders), the pool holds
+at most `capacity` idle ones (least recently used closed first), and a forked child never touches its parent's
+decoders: FFmpeg's decoding threads do not survive a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_CAPACITY = 4
+CONTINUE_FRAMES = 10  # decoding on through up to this many frames beats a seek (and the decode from its keyframe)
+
+
+class OpenDecoder:
+    """One open video file and where its decoding stands: the last frame decoded, and the frames after it."""
+
+    def __init__(self, path: Path, identity: tuple[int, ...]) -> None:
+        import av  # the server's only video dependency, loaded when a camera is first read
+
+        self.path = path
+        self.identity = identity
+        self.container: Any = av.open(str(path))
+        self.stream: Any = self.container.streams.video[0]
+        self.stream.thread_type = "AUTO"
+        self.time_base = self.stream.time_base
+        self._frames: Iterator[Any] | None = None  # None: positioned at the start of the file
+        self._last: tuple[float, Any] | None = None  # the last frame decoded, and its presentation time
+
+    def nearest(self, times: np.ndarray, fps: float) -> tuple[list[Any], np.ndarray]:
+        """For each of `times` (seconds, ascending), the frame whose presentation time is nearest (the earlier on
+        a tie), and that time. Seeks only when the first time is behind, or well ahead of, the last frame decoded."""
+        picked: list[Any] = [None] * len(times)
+        picked_at = np.full(len(times), np.nan)
+        if not len(times):
+            return picked, picked_at
+        self._position_for(float(times[0]), 1.0 / fps)
+        wanted = 0
+        previous = self._last
+        frames = self._frames if self._frames is not None else self.container.decode(self.stream)
+        self._frames = frames
+        for frame in frames:
+            if frame.pts is None:
+                continue
+            at = float(Fraction(frame.pts) * self.time_base)
+            while wanted < len(times) and times[wanted] <= at:
+                nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
+                picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
+                wanted += 1
+            previous = (at, frame)
+            if wanted == len(times):
+                break
+        self._last = previous
+        while wanted < len(times) and previous is not None:  # past the last frame: the last frame is nearest
+            picked_at[wanted], picked[wanted] = previous
+            wanted += 1
+        return picked, picked_at
+
+    def _position_for(self, first: float, frame_s: float) -> None:
+        """Keep decoding from here if `first` lies just ahead of the last frame decoded (or near the start of a
+        fresh decoder); else seek to the keyframe at or before the frame just ahead of `first`."""
+        if self._last is None:
+            if self._frames is None and first <= CONTINUE_FRAMES * frame_s:
+                return
+        elif self._last[0] <= first <= self._last[0] + CONTINUE_FRAMES * frame_s:
+            return
+        ahead = max(0.0, first - frame_s)
+        self.container.seek(int(ahead / self.time_base), stream=self.stream, backward=True, any_frame=False)
+        self._frames, self._last = None, None
+
+    def close(self) -> None:
+        self._frames, self._last = None, None
+        self.container.close()
+
+
+class DecoderPool:
+    """Idle decoders by file, least recently used first."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self.opened = 0  # decoders this process opened (for tests and status)
+        self._idle: OrderedDict[Path, OpenDecoder] = OrderedDict()
+        self._lock = threading.Lock()
+        self._left_by_parent: list[OpenDecoder] = []
+        os.register_at_fork(after_in_child=self._forget_parents)
+
+    @contextmanager
+    def checkout(self, path: Path) -> Iterator[OpenDecoder]:
+        """A decoder of `path` for this thread alone: an idle one of the same file version, or a new one. A decoder
+        that raised is closed rather than returned (its position is unknown)."""
+        identity = _identity(path)
+        decoder = self._take(path, identity)
+        if decoder is None:
+            decoder = OpenDecoder(path, identity)
+            with self._lock:
+                self.opened += 1
+        try:
+            yield decoder
+        except BaseException:
+            decoder.close()
+            raise
+        self._give_back(decoder)
+
+    def clear(self) -> None:
+        """Close every idle decoder."""
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), OrderedDict()
+        for decoder in idle:
+            decoder.close()
+
+    def _take(self, path: Path, identity: tuple[int, ...]) -> OpenDecoder | None:
+        with self._lock:
+            decoder = self._idle.pop(path, None)
+        if decoder is not None and decoder.identity != identity:  # the file was rewritten
+            decoder.close()
+            return None
+        return decoder
+
+    def _give_back(self, decoder: OpenDecoder) -> None:
+        closing: list[OpenDecoder] = []
+        with self._lock:
+            replaced = self._idle.pop(decoder.path, None)
+            if replaced is not None:
+                closing.append(replaced)
+            self._idle[decoder.path] = decoder
+            while len(self._idle) > self.capacity:
+                closing.append(self._idle.popitem(last=False)[1])
+        for old in closing:
+            old.close()
+
+    def _forget_parents(self) -> None:
+        """In a forked child: set the parent's decoders aside unclosed (closing would wait on decoding threads that
+        did not survive the fork), and take a fresh lock (the parent's may have been held at the fork)."""
+        self._lock = threading.Lock()
+        self._left_by_parent.extend(self._idle.values())
+        self._idle = OrderedDict()
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """Which version of the file this is (a rewritten file is another decoder)."""
+    stat = path.stat()
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+DECODERS = DecoderPool()
