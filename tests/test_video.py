@@ -14,21 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.demo import TOP_CAMERA, TWO_CAMERAS, WRIST_CAMERA, write_demo_dataset
+from app.demo import TOP_CAMERA, WRIST_CAMERA
 from tests.support import ServerProcess, oracle, read_stream
 from tests.test_errors import assert_problem
 from tests.video_oracle import episode_video, frames_for_rows
 
 FORMATS = {"cams-v3": "v3.0", "cams-v21": "v2.1"}
-
-
-@pytest.fixture(scope="module")
-def video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("video-root")
-    for name, version in FORMATS.items():
-        extra = {"video_files": 3} if version == "v3.0" else {}
-        write_demo_dataset(root / name, format=version, episodes=9, seed=3, cameras=TWO_CAMERAS, **extra)
-    return root
 
 
 @pytest.fixture(scope="module", params=["first-touch", "on-demand"])

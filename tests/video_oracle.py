@@ -58,21 +58,23 @@ def episode_video(dataset: Path, video_key: str, episode: int) -> EpisodeVideo:
     return EpisodeVideo(dataset / name, float(row[prefix + "from_timestamp"]), float(row[prefix + "to_timestamp"]))
 
 
-def decode_video(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def decode_video(path: Path, size: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every frame of the file's first video stream, in presentation order: (seconds float64 (N,), uint8 RGB
-    (N, H, W, 3)). Cached per file version (path, size, mtime)."""
+    (N, H, W, 3)), resized to `size` (height, width) by FFmpeg's area averaging if given. Cached per file version
+    (path, size, mtime)."""
     stat = Path(path).stat()
-    return _decode_video(str(path), stat.st_size, stat.st_mtime_ns)
+    return _decode_video(str(path), stat.st_size, stat.st_mtime_ns, size)
 
 
 @functools.lru_cache(maxsize=4)
-def _decode_video(path: str, size: int, mtime_ns: int) -> tuple[np.ndarray, np.ndarray]:
+def _decode_video(path: str, nbytes: int, mtime_ns: int, size: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray]:
     seconds, frames = [], []
+    resize = {} if size is None else {"height": size[0], "width": size[1], "interpolation": "AREA"}
     with av.open(path) as container:
         stream = container.streams.video[0]
         for frame in container.decode(stream):
             seconds.append(float(Fraction(frame.pts) * frame.time_base))
-            frames.append(frame.to_ndarray(format="rgb24"))
+            frames.append(frame.to_ndarray(format="rgb24", **resize))
     order = np.argsort(seconds, kind="stable")
     times = np.asarray(seconds, dtype=np.float64)[order]
     stacked = np.stack(frames)[order] if frames else np.empty((0, 0, 0, 3), dtype=np.uint8)
@@ -85,6 +87,7 @@ def frames_at(
     video_key: str,
     queries: Iterable[tuple[int, float]],
     tolerance_s: float = DEFAULT_TOLERANCE_S,
+    size: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """The frames (N, H, W, 3) uint8 RGB for (episode_index, timestamp) pairs, under LeRobot's rule.
 
@@ -93,7 +96,7 @@ def frames_at(
     picked = []
     for episode, timestamp in queries:
         video = episode_video(dataset, video_key, episode)
-        times, frames = decode_video(video.path)
+        times, frames = decode_video(video.path, size)
         query = video.from_timestamp + float(timestamp)
         if len(times) == 0:
             raise FrameTimestampError(f"{video_key}: {video.path} has no frames (episode {episode})")
@@ -115,6 +118,7 @@ def frames_for_rows(
     video_key: str,
     rows: Iterable[tuple[int, int]],
     tolerance_s: float = DEFAULT_TOLERANCE_S,
+    size: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """The frames for (episode_index, frame_index) rows: each row's `timestamp` from the data parquet, then
     `frames_at`. For a window, pass the clamped frame index (LeRobot clamps to the episode before it looks up the
@@ -126,7 +130,7 @@ def frames_for_rows(
         if not 0 <= frame_index < len(episode_timestamps):
             raise KeyError(f"no row (episode {episode}, frame {frame_index}) in {dataset}")
         queries.append((episode, episode_timestamps[frame_index]))
-    return frames_at(dataset, video_key, queries, tolerance_s)
+    return frames_at(dataset, video_key, queries, tolerance_s, size)
 
 
 def read_label(frame: np.ndarray) -> tuple[int, int]:

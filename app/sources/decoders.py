@@ -38,14 +38,14 @@ class OpenDecoder:
         self._frames: Iterator[Any] | None = None  # None: positioned at the start of the file
         self._last: tuple[float, Any] | None = None  # the last frame decoded, and its presentation time
 
-    def nearest(self, times: np.ndarray, fps: float) -> tuple[list[Any], np.ndarray]:
+    def nearest(self, times: np.ndarray, frame_s: float) -> tuple[list[Any], np.ndarray]:
         """For each of `times` (seconds, ascending), the frame whose presentation time is nearest (the earlier on
         a tie), and that time. Seeks only when the first time is behind, or well ahead of, the last frame decoded."""
         picked: list[Any] = [None] * len(times)
         picked_at = np.full(len(times), np.nan)
         if not len(times):
             return picked, picked_at
-        self._position_for(float(times[0]), 1.0 / fps)
+        self._position_for(float(times[0]), frame_s)
         wanted = 0
         previous = self._last
         frames = self._frames if self._frames is not None else self.container.decode(self.stream)
@@ -67,13 +67,16 @@ class OpenDecoder:
             wanted += 1
         return picked, picked_at
 
+    def continues_to(self, first: float, frame_s: float) -> bool:
+        """Whether a read starting at time `first` can decode on from here, without a seek."""
+        if self._last is None:
+            return self._frames is None and first <= CONTINUE_FRAMES * frame_s
+        return self._last[0] <= first <= self._last[0] + CONTINUE_FRAMES * frame_s
+
     def _position_for(self, first: float, frame_s: float) -> None:
         """Keep decoding from here if `first` lies just ahead of the last frame decoded (or near the start of a
         fresh decoder); else seek to the keyframe at or before the frame just ahead of `first`."""
-        if self._last is None:
-            if self._frames is None and first <= CONTINUE_FRAMES * frame_s:
-                return
-        elif self._last[0] <= first <= self._last[0] + CONTINUE_FRAMES * frame_s:
+        if self.continues_to(first, frame_s):
             return
         ahead = max(0.0, first - frame_s)
         self.container.seek(int(ahead / self.time_base), stream=self.stream, backward=True, any_frame=False)
@@ -85,22 +88,23 @@ class OpenDecoder:
 
 
 class DecoderPool:
-    """Idle decoders by file, least recently used first."""
+    """Idle decoders, least recently used first (several of one file when reads of it overlap)."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.capacity = capacity
         self.opened = 0  # decoders this process opened (for tests and status)
-        self._idle: OrderedDict[Path, OpenDecoder] = OrderedDict()
+        self._idle: OrderedDict[int, OpenDecoder] = OrderedDict()  # by id()
         self._lock = threading.Lock()
         self._left_by_parent: list[OpenDecoder] = []
         os.register_at_fork(after_in_child=self._forget_parents)
 
     @contextmanager
-    def checkout(self, path: Path) -> Iterator[OpenDecoder]:
-        """A decoder of `path` for this thread alone: an idle one of the same file version, or a new one. A decoder
-        that raised is closed rather than returned (its position is unknown)."""
+    def checkout(self, path: Path, first: float = 0.0, frame_s: float = 0.1) -> Iterator[OpenDecoder]:
+        """A decoder of `path` for this thread alone, for a read starting at time `first`: an idle one of the same
+        file version (one that decodes on to `first` without a seek if there is one), or a new one. A decoder that
+        raised is closed rather than returned (its position is unknown)."""
         identity = _identity(path)
-        decoder = self._take(path, identity)
+        decoder = self._take(path, identity, first, frame_s)
         if decoder is None:
             decoder = OpenDecoder(path, identity)
             with self._lock:
@@ -119,21 +123,23 @@ class DecoderPool:
         for decoder in idle:
             decoder.close()
 
-    def _take(self, path: Path, identity: tuple[int, ...]) -> OpenDecoder | None:
+    def _take(self, path: Path, identity: tuple[int, ...], first: float, frame_s: float) -> OpenDecoder | None:
+        stale: list[OpenDecoder] = []
         with self._lock:
-            decoder = self._idle.pop(path, None)
-        if decoder is not None and decoder.identity != identity:  # the file was rewritten
+            same_file = [d for d in reversed(self._idle.values()) if d.path == path]
+            stale = [d for d in same_file if d.identity != identity]  # the file was rewritten
+            current = [d for d in same_file if d.identity == identity]
+            chosen = next((d for d in current if d.continues_to(first, frame_s)), current[0] if current else None)
+            for decoder in [*stale, *([chosen] if chosen else [])]:
+                del self._idle[id(decoder)]
+        for decoder in stale:
             decoder.close()
-            return None
-        return decoder
+        return chosen
 
     def _give_back(self, decoder: OpenDecoder) -> None:
         closing: list[OpenDecoder] = []
         with self._lock:
-            replaced = self._idle.pop(decoder.path, None)
-            if replaced is not None:
-                closing.append(replaced)
-            self._idle[decoder.path] = decoder
+            self._idle[id(decoder)] = decoder
             while len(self._idle) > self.capacity:
                 closing.append(self._idle.popitem(last=False)[1])
         for old in closing:

@@ -43,8 +43,10 @@ def decode_nearest(
     import av
 
     try:
-        with decoders.checkout(root / rel) as decoder:
-            picked, picked_at = decoder.nearest(times, feature.fps or 10.0)
+        frame_s = 1.0 / (feature.fps or 10.0)
+        first = float(times[0]) if len(times) else 0.0
+        with decoders.checkout(root / rel, first, frame_s) as decoder:
+            picked, picked_at = decoder.nearest(times, frame_s)
             if any(frame is None for frame in picked):
                 raise DatasetError(f"video file {rel!r} holds no frames")
             frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)

@@ -1,0 +1,293 @@
+"""The decoded-frame cache and the decoders behind it: frames served downscaled, a disk budget with
+least-recently-used eviction, crash safety and one build across processes, and decoders reused by sequential
+reads. Every answer is checked against an independent PyAV decode (tests/video_oracle.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pyarrow as pa
+import pytest
+
+from app.demo import TOP_CAMERA, WRIST_CAMERA, write_demo_dataset
+from app.reads.episode_spec import parse_episode_spec
+from app.reads.frames import video_files_needed
+from app.reads.service import take
+from app.settings import Settings
+from app.sources.decoders import DecoderPool
+from app.sources.video import decode_nearest, video_features
+from app.store.catalog import Catalog
+from tests.support import ServerProcess, read_stream
+from tests.test_operations import run_cli
+from tests.video_oracle import decode_video, episode_video, frames_for_rows
+
+ROWS = ["episode_index", "frame_index"]
+
+
+def served(table: pa.Table, key: str) -> np.ndarray:
+    return table[key].combine_chunks().to_numpy_ndarray()
+
+
+def expected(root: Path, key: str, table: pa.Table, size: tuple[int, int] | None = None) -> np.ndarray:
+    rows = zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True)
+    return frames_for_rows(root, key, rows, size=size)
+
+
+def frame_segments(cache: Path) -> dict[str, Path]:
+    """Video file -> its decoded-frame segment, for every published one."""
+    return {
+        orjson.loads(p.read_bytes())["source"]["path"]: p.with_suffix(".arrow") for p in cache.rglob("frames/*.json")
+    }
+
+
+# -- downscaling ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["first-touch", "on-demand"])
+def test_frames_are_served_at_the_configured_size_equal_to_an_area_resize_of_the_decoded_frames(
+    video_root: Path, tmp_path: Path, policy: str
+) -> None:
+    sizes = {"cams-v3": (32, 48), "cams-v21": (40, 24)}  # the default for every dataset, and one of another aspect
+    env = {"EPISERVE_VIDEO_CACHE_SIZE": "32x48,cams-v21=40x24", "EPISERVE_VIDEO_CACHE_POLICY": policy}
+    cache = tmp_path / "cache"
+    with ServerProcess([video_root], cache, env=env) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        for name, size in sizes.items():
+            columns = {c["name"]: c for c in http.get(f"/datasets/{name}").json()["columns"]}
+            assert columns[TOP_CAMERA]["video"]["shape"] == [*size, 3]
+            assert columns[TOP_CAMERA]["video"]["file_shape"] == [64, 96, 3]
+            assert columns[WRIST_CAMERA]["video"]["file_shape"] == [48, 64, 3]
+            body = {
+                "episodes": [7, 2],
+                "indices": [0, 40, 3, 41, 1, 0],
+                "columns": [*ROWS, TOP_CAMERA, WRIST_CAMERA],
+            }
+            table = read_stream(http.post(f"/datasets/{name}/rows/take", json=body).content)
+            for key in (TOP_CAMERA, WRIST_CAMERA):
+                frames = served(table, key)
+                assert frames.shape == (6, *size, 3)
+                assert np.array_equal(frames, expected(video_root / name, key, table, size))
+    if policy == "first-touch":
+        assert frame_segments(tmp_path / "cache")  # the cache holds the downscaled frames
+
+
+# -- the disk budget -----------------------------------------------------------------------------------------------
+
+
+def test_eviction_under_a_small_budget_keeps_the_most_recently_used_segments_and_every_answer_correct(
+    video_root: Path, tmp_path: Path
+) -> None:
+    root, cache = video_root / "cams-v21", tmp_path / "cache"  # one file per episode and camera
+    budget = 4_000_000  # room for about three episodes' frames of the 64x96 camera
+    env = {"EPISERVE_VIDEO_CACHE_BYTES": str(budget)}
+    order = [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 2]
+    files = {e: episode_video(root, TOP_CAMERA, e).path.relative_to(root).as_posix() for e in range(9)}
+    with ServerProcess([video_root], cache, env=env) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        for episode in order:
+            params = {"episodes": str(episode), "columns": ",".join([*ROWS, TOP_CAMERA])}
+            table = read_stream(http.get("/datasets/cams-v21/rows", params=params).content)
+            assert np.array_equal(served(table, TOP_CAMERA), expected(root, TOP_CAMERA, table))
+            resident = frame_segments(cache)
+            assert sum(path.stat().st_size for path in resident.values()) <= budget
+            assert files[episode] in resident  # the segment just read stays
+            time.sleep(0.01)  # distinct modification times: the order of use is the order of reads
+    resident = set(frame_segments(cache))
+    assert 1 < len(resident) < 9  # some were evicted, some kept
+    most_recent = list(dict.fromkeys(reversed(order)))  # distinct episodes, most recently read first
+    assert resident == {files[e] for e in most_recent[: len(resident)]}
+
+
+def test_a_video_larger_than_the_whole_budget_is_decoded_on_demand(video_root: Path, tmp_path: Path) -> None:
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    env = {"EPISERVE_VIDEO_CACHE_BYTES": "1000"}
+    result = run_cli(
+        "warm", "cams", "--episodes", "1", "--videos", "--root", str(root), "--cache-dir", str(cache), env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "2 larger than EPISERVE_VIDEO_CACHE_BYTES (decoded on demand)" in result.stdout
+    with ServerProcess([root], cache, env=env) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        body = {"episodes": [1], "indices": [5, 0], "columns": [*ROWS, TOP_CAMERA]}
+        table = read_stream(http.post("/datasets/cams/rows/take", json=body).content)
+        assert np.array_equal(served(table, TOP_CAMERA), expected(root / "cams", TOP_CAMERA, table))
+    assert frame_segments(cache) == {}
+    assert list(cache.rglob("frames/*.arrow")) == []
+
+
+# -- crash safety and one build across processes ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One camera, every episode in one mp4 file (thousands of frames): a frame-segment build takes a while."""
+    root = tmp_path_factory.mktemp("long-video")
+    write_demo_dataset(root / "long", format="v3.0", episodes=24, seed=5, video_files=1)
+    return root
+
+
+def _build_frames_of(root: str, cache: str, rel: str, barrier: object | None) -> tuple[int, str]:
+    """In a fresh process: read every frame of one video file through the read path (first touch builds its
+    segment); return how many segments this process built and a digest of the frames served."""
+    catalog = Catalog(Settings(roots=[Path(root)], cache_dir=Path(cache), build_batch_bytes=64 * 1024), [Path(root)])
+    dataset = catalog.get("long")
+    index = dataset.index()
+    if barrier is not None:
+        barrier.wait()  # type: ignore[attr-defined]
+    episodes = sorted(int(e) for e in index.episodes)
+    spec = parse_episode_spec(f"{episodes[0]}-{episodes[-1]}", 10**9)
+    rows = list(range(0, index.total_rows, 7))
+    taken = take(dataset, spec, rows, [*ROWS, TOP_CAMERA]).table
+    return dataset.frames.builds, hashlib.sha256(served(taken, TOP_CAMERA).tobytes()).hexdigest()
+
+
+def _the_video(root: Path) -> str:
+    return episode_video(root / "long", TOP_CAMERA, 0).path.relative_to(root / "long").as_posix()
+
+
+def test_sigkill_during_a_frame_segment_build_leaves_nothing_that_is_served(
+    long_video_root: Path, tmp_path: Path
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    rel = _the_video(long_video_root)
+    for attempt in range(5):
+        cache = tmp_path / f"cache-{attempt}"
+        process = context.Process(target=_build_frames_of, args=(str(long_video_root), str(cache), rel, None))
+        process.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.is_alive():
+            tmp = list(cache.rglob("frames/*.arrow.tmp"))
+            if tmp and tmp[0].exists() and tmp[0].stat().st_size > 200_000:
+                break
+            time.sleep(0.001)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        if list(cache.rglob("frames/*.arrow.tmp")) and not list(cache.rglob("frames/*.json")):
+            break
+    else:
+        pytest.fail("could not kill the builder mid-build in 5 attempts")
+
+    with ServerProcess([long_video_root], cache) as server, httpx.Client(base_url=server.url, timeout=120) as http:
+        body = {"episodes": "0-23", "indices": [0, 500, 17, 1500], "columns": [*ROWS, TOP_CAMERA]}
+        table = read_stream(http.post("/datasets/long/rows/take", json=body).content)
+        assert np.array_equal(served(table, TOP_CAMERA), expected(long_video_root / "long", TOP_CAMERA, table))
+    assert list(cache.rglob("*.tmp")) == []
+    assert list(frame_segments(cache)) == [rel]
+
+
+def test_four_processes_asking_for_the_same_cold_video_build_its_segment_once(
+    long_video_root: Path, tmp_path: Path
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    cache = tmp_path / "cache"
+    rel = _the_video(long_video_root)
+    with context.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with context.Pool(4) as pool:
+            results = pool.starmap(_build_frames_of, [(str(long_video_root), str(cache), rel, barrier)] * 4)
+    assert sum(builds for builds, _ in results) == 1
+    assert len({digest for _, digest in results}) == 1
+    assert list(frame_segments(cache)) == [rel]
+    assert list(cache.rglob("*.tmp")) == []
+
+
+def test_prune_keeps_current_frame_segments_and_removes_the_frames_of_a_rewritten_video(
+    video_root: Path, tmp_path: Path
+) -> None:
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    location = ["--root", str(root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams", "--episodes", "1-2", "--videos", *location).returncode == 0
+    before = frame_segments(cache)
+    assert len(before) == 4
+    assert run_cli("cache", "prune", *location).returncode == 0
+    assert frame_segments(cache) == before
+    videos = root / "cams/videos/chunk-000" / TOP_CAMERA
+    shutil.copyfile(videos / "episode_000002.mp4", videos / "episode_000001.mp4")
+    assert run_cli("cache", "prune", *location).returncode == 0
+    assert set(frame_segments(cache)) == set(before) - {f"videos/chunk-000/{TOP_CAMERA}/episode_000001.mp4"}
+
+
+# -- decoders ------------------------------------------------------------------------------------------------------
+
+
+def _camera(dataset: Path):
+    info = json.loads((dataset / "meta/info.json").read_text())
+    return video_features(info)[TOP_CAMERA]
+
+
+def test_sequential_reads_of_a_video_decode_on_with_one_decoder_and_jumps_stay_exact(video_root: Path) -> None:
+    dataset = video_root / "cams-v3"
+    video = episode_video(dataset, TOP_CAMERA, 0)
+    rel = video.path.relative_to(dataset).as_posix()
+    times, frames = decode_video(video.path)
+    pool = DecoderPool(capacity=2)
+    for start in range(0, len(times), 16):  # a sequential reader: each read starts where the last one stopped
+        got, at = decode_nearest(dataset, rel, times[start : start + 16], _camera(dataset), pool)
+        assert np.array_equal(got, frames[start : start + 16]) and np.array_equal(at, times[start : start + 16])
+    assert pool.opened == 1
+    for picked in ([40, 41, 45], [0, 3], [len(times) - 2, len(times) - 1], [10, 12], [11]):  # back, ahead, far
+        got, at = decode_nearest(dataset, rel, times[picked], _camera(dataset), pool)
+        assert np.array_equal(got, frames[picked]) and np.array_equal(at, times[picked])
+    assert pool.opened == 1
+
+
+def test_threads_reading_one_video_at_once_each_get_exact_frames(video_root: Path) -> None:
+    dataset = video_root / "cams-v3"
+    video = episode_video(dataset, TOP_CAMERA, 0)
+    rel = video.path.relative_to(dataset).as_posix()
+    times, frames = decode_video(video.path)
+    pool = DecoderPool(capacity=2)
+    wrong: list[int] = []
+
+    def read(offset: int) -> None:
+        for start in range(offset, len(times), 24):
+            got, _ = decode_nearest(dataset, rel, times[start : start + 6], _camera(dataset), pool)
+            if not np.array_equal(got, frames[start : start + 6]):
+                wrong.append(start)
+
+    threads = [threading.Thread(target=read, args=(offset,)) for offset in (0, 6, 12, 18)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
+def _decode_in_child(dataset: str, rel: str, times: list[float], pool: DecoderPool, results: object) -> None:
+    inherited = len(pool._idle)
+    got, _ = decode_nearest(Path(dataset), rel, np.asarray(times), _camera(Path(dataset)), pool)
+    results.put((inherited, hashlib.sha256(got.tobytes()).hexdigest()))  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_decodes_with_its_own_decoders(video_root: Path) -> None:
+    dataset = video_root / "cams-v3"
+    video = episode_video(dataset, TOP_CAMERA, 0)
+    rel = video.path.relative_to(dataset).as_posix()
+    times, frames = decode_video(video.path)
+    pool = DecoderPool()
+    decode_nearest(dataset, rel, times[:8], _camera(dataset), pool)  # leaves an open decoder in the parent
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_decode_in_child, args=(str(dataset), rel, times[8:20].tolist(), pool, results))
+    child.start()
+    inherited, digest = results.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert inherited == 0
+    assert digest == hashlib.sha256(np.ascontiguousarray(frames[8:20]).tobytes()).hexdigest()
+
+
+def test_warm_lists_each_video_file_once_per_camera(video_root: Path, tmp_path: Path) -> None:
+    catalog = Catalog(Settings(roots=[video_root], cache_dir=tmp_path / "cache"), [video_root])
+    files = video_files_needed(catalog.get("cams-v3"), parse_episode_spec("0-8", 10**9))
+    assert len(files) == 6  # 3 files per camera
