@@ -58,8 +58,8 @@ def frame_columns(
     columns = {}
     for key in keys:
         feature = source.info.videos[key]
-        frames = _frames(dataset, source, feature, episodes, timestamps, frame_index, tolerance_s)
-        columns[key] = pa.FixedShapeTensorArray.from_numpy_ndarray(frames[inverse])
+        frames = _frames(dataset, source, feature, episodes, timestamps, frame_index, tolerance_s, inverse)
+        columns[key] = pa.FixedShapeTensorArray.from_numpy_ndarray(frames)
     return columns
 
 
@@ -71,12 +71,15 @@ def _frames(
     timestamps: np.ndarray,
     frame_index: np.ndarray,
     tolerance_s: float,
+    order: np.ndarray,
 ) -> np.ndarray:
-    """The frames of `feature` for rows of `episodes` at `timestamps`, checked against `tolerance_s`."""
+    """The frames of `feature` for `order`-indexed rows of (`episodes`, `timestamps`): `result[i]` is the frame of
+    row `order[i]`, checked against `tolerance_s`. Each frame is copied once, from the decoded-frame segment's
+    memory map (or the decoder) straight into the result."""
     clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}
     wanted = timestamps + np.array([clips[int(e)].from_timestamp for e in episodes])
     paths = np.array([clips[int(e)].path for e in episodes], dtype=object)
-    frames = np.empty((len(episodes), feature.height, feature.width, feature.channels), dtype=np.uint8)
+    frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
     found = np.empty(len(episodes))
     for path in sorted(set(paths.tolist())):
         here = np.flatnonzero(paths == path)
@@ -84,10 +87,16 @@ def _frames(
         segment = _frame_segment(dataset, path, feature)
         if segment is None:
             decoded, at = decode_nearest(dataset.path, path, times, feature)
+            pictures = [decoded]
+            batch_of, row_in_batch = np.zeros(len(times), dtype=np.int64), np.arange(len(times))
         else:
-            decoded, at = _nearest_in_segment(segment, times, feature)
-        frames[here] = decoded[back]
+            pictures, batch_of, row_in_batch, at = _nearest_in_segment(segment, times, feature)
         found[here] = at[back]
+        picture_of_row = np.full(len(episodes), -1)
+        picture_of_row[here] = back
+        positions = np.flatnonzero(np.isin(order, here))
+        picks = picture_of_row[order[positions]]
+        _gather(frames, positions, pictures, batch_of[picks], row_in_batch[picks])
     check_tolerance(feature.key, episodes, frame_index, wanted, found, tolerance_s)
     return frames
 
@@ -113,15 +122,46 @@ def _frame_segment(dataset: Dataset, path: str, feature: VideoFeature) -> Segmen
     return dataset.frame_segment(path, frame_schema(feature), build=policy == "first-touch")
 
 
-def _nearest_in_segment(segment: Segment, times: np.ndarray, feature: VideoFeature) -> tuple[np.ndarray, np.ndarray]:
-    """For each of `times`, the segment's nearest frame and its presentation time (as `decode_nearest`)."""
+def _gather(
+    out: np.ndarray, positions: np.ndarray, pictures: list[np.ndarray], batch_of: np.ndarray, row_in_batch: np.ndarray
+) -> None:
+    """`out[positions[i]] = pictures[batch_of[i]][row_in_batch[i]]`. Large frames are copied one by one, straight
+    into place (a vectorised scatter would first gather them into a temporary, a second copy of every byte); small
+    ones by one vectorised copy per batch."""
+    if out[0].nbytes >= _ONE_BY_ONE_BYTES:
+        for position, batch, row in zip(positions.tolist(), batch_of.tolist(), row_in_batch.tolist(), strict=True):
+            out[position] = pictures[batch][row]
+        return
+    for batch in np.unique(batch_of).tolist():
+        chosen = batch_of == batch
+        out[positions[chosen]] = pictures[batch][row_in_batch[chosen]]
+
+
+_ONE_BY_ONE_BYTES = 32 * 1024
+
+
+def _nearest_in_segment(
+    segment: Segment, times: np.ndarray, feature: VideoFeature
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    """For each of `times`, where the segment's nearest frame is (its batch's frames as views of the memory map,
+    the batch and row of each) and its presentation time."""
     pts = segment.derived(PTS, lambda: np.concatenate([b.column(0).to_numpy() for b in segment.batches]))
+    pictures = segment.derived(FRAME, lambda: _pixel_views(segment, feature))
+    offsets = segment.batch_offsets
     rows = nearest_rows(pts, times)
-    wanted, back = np.unique(rows, return_inverse=True)
-    pieces = [batch.column(0) for batch in segment.take(wanted, [FRAME])]
-    pixels = pa.concat_arrays(pieces).values.to_numpy()
-    frames = pixels.reshape(len(wanted), feature.height, feature.width, feature.channels)
-    return frames[back], pts[rows]
+    batches = np.searchsorted(offsets, rows, side="right") - 1
+    return pictures, batches, rows - offsets[batches], pts[rows]
+
+
+def _pixel_views(segment: Segment, feature: VideoFeature) -> list[np.ndarray]:
+    """Each batch's frames as an (n, H, W, C) uint8 view of the memory map."""
+    shape = (feature.height, feature.width, feature.channels)
+    views = []
+    for batch in segment.batches:
+        column = batch.column(batch.schema.get_field_index(FRAME))
+        values = column.values.to_numpy(zero_copy_only=True)[column.offset * column.type.list_size :]
+        views.append(values[: len(column) * column.type.list_size].reshape(len(column), *shape))
+    return views
 
 
 def _empty(kind: pa.ExtensionType) -> pa.ExtensionArray:
