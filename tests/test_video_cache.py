@@ -235,7 +235,8 @@ def test_sequential_reads_of_a_video_decode_on_with_one_decoder_and_jumps_stay_e
         got, at = decode_nearest(dataset, rel, times[start : start + 16], _camera(dataset), pool)
         assert np.array_equal(got, frames[start : start + 16]) and np.array_equal(at, times[start : start + 16])
     assert pool.opened == 1
-    for picked in ([40, 41, 45], [0, 3], [len(times) - 2, len(times) - 1], [10, 12], [11]):  # back, ahead, far
+    spread = list(range(0, len(times), 13))  # one read with gaps: seeks across them
+    for picked in ([40, 41, 45], [0, 3], [len(times) - 2, len(times) - 1], [10, 12], [11], spread):
         got, at = decode_nearest(dataset, rel, times[picked], _camera(dataset), pool)
         assert np.array_equal(got, frames[picked]) and np.array_equal(at, times[picked])
     assert pool.opened == 1

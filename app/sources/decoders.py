@@ -40,31 +40,37 @@ class OpenDecoder:
 
     def nearest(self, times: np.ndarray, frame_s: float) -> tuple[list[Any], np.ndarray]:
         """For each of `times` (seconds, ascending), the frame whose presentation time is nearest (the earlier on
-        a tie), and that time. Seeks only when the first time is behind, or well ahead of, the last frame decoded."""
+        a tie), and that time.
+
+        Decodes forward through runs of nearby times and seeks across gaps: a time more than `CONTINUE_FRAMES`
+        frames past the last frame decoded is reached by a seek to the keyframe before it, so a shuffled batch
+        costs a seek and a short decode per frame, not a decode of everything between its first and last frame."""
         picked: list[Any] = [None] * len(times)
         picked_at = np.full(len(times), np.nan)
-        if not len(times):
-            return picked, picked_at
-        self._position_for(float(times[0]), frame_s)
         wanted = 0
-        previous = self._last
-        frames = self._frames if self._frames is not None else self.container.decode(self.stream)
-        self._frames = frames
-        for frame in frames:
-            if frame.pts is None:
-                continue
-            at = float(Fraction(frame.pts) * self.time_base)
-            while wanted < len(times) and times[wanted] <= at:
-                nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
-                picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
-                wanted += 1
-            previous = (at, frame)
-            if wanted == len(times):
+        while wanted < len(times):
+            self._position_for(float(times[wanted]), frame_s)
+            if self._frames is None:
+                self._frames = self.container.decode(self.stream)
+            previous, exhausted = self._last, True
+            for frame in self._frames:
+                if frame.pts is None:
+                    continue
+                at = float(Fraction(frame.pts) * self.time_base)
+                while wanted < len(times) and times[wanted] <= at:
+                    nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
+                    picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
+                    wanted += 1
+                previous = (at, frame)
+                if wanted == len(times) or times[wanted] - at > CONTINUE_FRAMES * frame_s:
+                    exhausted = False
+                    break
+            self._last = previous
+            if exhausted:  # past the last frame: the last frame is nearest
+                while wanted < len(times) and previous is not None:
+                    picked_at[wanted], picked[wanted] = previous
+                    wanted += 1
                 break
-        self._last = previous
-        while wanted < len(times) and previous is not None:  # past the last frame: the last frame is nearest
-            picked_at[wanted], picked[wanted] = previous
-            wanted += 1
         return picked, picked_at
 
     def continues_to(self, first: float, frame_s: float) -> bool:
