@@ -101,8 +101,14 @@ def test_eviction_under_a_small_budget_keeps_the_most_recently_used_segments_and
             assert sum(path.stat().st_size for path in resident.values()) <= budget
             assert files[episode] in resident  # the segment just read stays
             time.sleep(0.01)  # distinct modification times: the order of use is the order of reads
+        status = http.get("/datasets/cams-v21/cache").json()["frame_segments"]
     resident = set(frame_segments(cache))
     assert 1 < len(resident) < 9  # some were evicted, some kept
+    assert status == {
+        "built": len(resident),
+        "bytes": sum(p.stat().st_size for p in frame_segments(cache).values()),
+        "budget_bytes": budget,
+    }
     most_recent = list(dict.fromkeys(reversed(order)))  # distinct episodes, most recently read first
     assert resident == {files[e] for e in most_recent[: len(resident)]}
 

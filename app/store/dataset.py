@@ -284,8 +284,16 @@ class Dataset:
         return list(self.segments.building.values())
 
     def cache_status(self) -> dict[str, Any]:
-        """Segments built / total and their bytes on disk."""
+        """Segments built / total and their bytes on disk, and the decoded-frame segments of its cameras."""
         index = self.index()
         sizes = [self.segments.built_size(fp, index.schema) for fp in index.files]
         built = [size for size in sizes if size is not None]
-        return {"segments_built": len(built), "segments_total": len(index.files), "bytes": sum(built)}
+        status: dict[str, Any] = {"segments_built": len(built), "segments_total": len(index.files), "bytes": sum(built)}
+        if self.info().videos:
+            sizes = self.frames.published_sizes()
+            status["frame_segments"] = {
+                "built": len(sizes),
+                "bytes": sum(sizes),
+                "budget_bytes": self.frame_budget.limit,
+            }
+        return status
