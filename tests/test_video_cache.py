@@ -298,3 +298,27 @@ def test_warm_lists_each_video_file_once_per_camera(video_root: Path, tmp_path: 
     catalog = Catalog(Settings(roots=[video_root], cache_dir=tmp_path / "cache"), [video_root])
     files = video_files_needed(catalog.get("cams-v3"), parse_episode_spec("0-8", 10**9))
     assert len(files) == 6  # 3 files per camera
+
+
+def test_long_keyframe_intervals_decode_the_nearest_frames_without_looping(tmp_path: Path) -> None:
+    import av
+
+    from app.sources.source import VideoFeature
+
+    path = tmp_path / "long-gop.mp4"
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=30, options={"g": "30", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for _ in range(90):
+            image = rng.integers(0, 255, size=(48, 64, 3), dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    times, frames = decode_video(path)
+    feature = VideoFeature("cam", 48, 64, 3, "h264", "yuv420p", 30.0)
+    pool = DecoderPool()
+    for picked in ([25], [23, 26, 88], [5, 70], [44]):
+        got, at = decode_nearest(tmp_path, path.name, times[picked], feature, pool)
+        assert np.array_equal(got, frames[picked]) and np.array_equal(at, times[picked])

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_CAPACITY = 4
-CONTINUE_FRAMES = 10  # decoding on through up to this many frames beats a seek (and the decode from its keyframe)
+UNKNOWN_GOP_FRAMES = 10  # until keyframes have been seen, assume one every so many frames
 
 
 class OpenDecoder:
@@ -37,14 +37,17 @@ class OpenDecoder:
         self.time_base = self.stream.time_base
         self._frames: Iterator[Any] | None = None  # None: positioned at the start of the file
         self._last: tuple[float, Any] | None = None  # the last frame decoded, and its presentation time
+        self._last_keyframe: float | None = None
+        self._keyframe_gap: float | None = None  # the shortest distance seen between two keyframes, seconds
 
     def nearest(self, times: np.ndarray, frame_s: float) -> tuple[list[Any], np.ndarray]:
         """For each of `times` (seconds, ascending), the frame whose presentation time is nearest (the earlier on
         a tie), and that time.
 
-        Decodes forward through runs of nearby times and seeks across gaps: a time more than `CONTINUE_FRAMES`
-        frames past the last frame decoded is reached by a seek to the keyframe before it, so a shuffled batch
-        costs a seek and a short decode per frame, not a decode of everything between its first and last frame."""
+        Decodes forward through runs of nearby times and seeks across gaps: a time farther past the last frame
+        decoded than the file's keyframe interval is reached by a seek to the keyframe before it (decoding through
+        the gap would cost more frames than decoding from that keyframe), so a shuffled batch costs a seek and a
+        short decode per frame, not a decode of everything between its first and last frame."""
         picked: list[Any] = [None] * len(times)
         picked_at = np.full(len(times), np.nan)
         wanted = 0
@@ -52,17 +55,19 @@ class OpenDecoder:
             self._position_for(float(times[wanted]), frame_s)
             if self._frames is None:
                 self._frames = self.container.decode(self.stream)
-            previous, exhausted = self._last, True
+            previous, exhausted, started = self._last, True, wanted  # a gap ends a pass only after progress
             for frame in self._frames:
                 if frame.pts is None:
                     continue
                 at = float(Fraction(frame.pts) * self.time_base)
+                if frame.key_frame:
+                    self._saw_keyframe(at)
                 while wanted < len(times) and times[wanted] <= at:
                     nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
                     picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
                     wanted += 1
                 previous = (at, frame)
-                if wanted == len(times) or times[wanted] - at > CONTINUE_FRAMES * frame_s:
+                if wanted == len(times) or (wanted > started and times[wanted] - at > self._reach(frame_s)):
                     exhausted = False
                     break
             self._last = previous
@@ -74,10 +79,21 @@ class OpenDecoder:
         return picked, picked_at
 
     def continues_to(self, first: float, frame_s: float) -> bool:
-        """Whether a read starting at time `first` can decode on from here, without a seek."""
+        """Whether a read starting at time `first` is best served by decoding on from here, without a seek."""
         if self._last is None:
-            return self._frames is None and first <= CONTINUE_FRAMES * frame_s
-        return self._last[0] <= first <= self._last[0] + CONTINUE_FRAMES * frame_s
+            return self._frames is None and first <= self._reach(frame_s)
+        return self._last[0] <= first <= self._last[0] + self._reach(frame_s)
+
+    def _reach(self, frame_s: float) -> float:
+        """How far ahead decoding on beats a seek: about one keyframe interval (at least two frames)."""
+        gap = self._keyframe_gap if self._keyframe_gap is not None else UNKNOWN_GOP_FRAMES * frame_s
+        return max(gap, 2 * frame_s) + frame_s / 2
+
+    def _saw_keyframe(self, at: float) -> None:
+        if self._last_keyframe is not None and at > self._last_keyframe:
+            gap = at - self._last_keyframe
+            self._keyframe_gap = gap if self._keyframe_gap is None else min(self._keyframe_gap, gap)
+        self._last_keyframe = at
 
     def _position_for(self, first: float, frame_s: float) -> None:
         """Keep decoding from here if `first` lies just ahead of the last frame decoded (or near the start of a
@@ -86,7 +102,7 @@ class OpenDecoder:
             return
         ahead = max(0.0, first - frame_s)
         self.container.seek(int(ahead / self.time_base), stream=self.stream, backward=True, any_frame=False)
-        self._frames, self._last = None, None
+        self._frames, self._last, self._last_keyframe = None, None, None
 
     def close(self) -> None:
         self._frames, self._last = None, None
