@@ -76,7 +76,7 @@ def _camera(ctx: Context, size: CameraSize) -> list[Row]:
     memory = {policy: _stream_memory(ctx, dataset, policy) for policy in ("on-demand", "first-touch")}
     cache = ctx.scratch(f"p9-{size.name}")
     try:
-        warm_s = _warm(ctx, dataset, cache)
+        warm_s = warm_seconds(ctx, dataset, cache)
         settings = {"EPISERVE_VIDEO_CACHE_POLICY": "on-demand"}
         with (
             EpiserveServer(dataset.root, cache, ctx.logs, workers=2, settings=settings) as on_demand,
@@ -234,7 +234,7 @@ def _stream_memory(ctx: Context, dataset: CameraDataset, policy: str) -> RssSamp
         ctx.drop_scratch("p9-memory")
 
 
-def _warm(ctx: Context, dataset: CameraDataset, cache: Path) -> float:
+def warm_seconds(ctx: Context, dataset: CameraDataset, cache: Path) -> float:
     """Seconds `episerve-server warm DATASET --videos` takes on an empty cache."""
     command = [sys.executable, "-m", "app.cli", "warm", dataset.name, "--videos"]
     command += ["--root", str(dataset.root), "--cache-dir", str(cache)]
