@@ -18,6 +18,28 @@ class DatasetSize:
 
 
 @dataclass(frozen=True)
+class CameraSize:
+    """Shape of one generated LeRobot v3.0 dataset with one AV1 camera (P9)."""
+
+    name: str
+    height: int
+    width: int
+    episodes: int
+    min_length: int
+    max_length: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class CameraScale:
+    """P9's datasets and how much each of its loaders reads."""
+
+    cameras: tuple[CameraSize, ...]
+    samples: int  # frames drawn per episerve and mmap loader
+    peer_samples: int  # frames drawn through the LeRobot-style per-sample decode path (slow)
+
+
+@dataclass(frozen=True)
 class Scale:
     """Everything a mode changes: dataset sizes and how much work each figure does."""
 
@@ -34,6 +56,7 @@ class Scale:
     p7_requests: int  # episerve windowed takes of `p3_batch` samples
     p7_lerobot_samples: int  # samples through the LeRobot-style per-sample path
     p8_fraction: float
+    p9: CameraScale
 
 
 FULL = Scale(
@@ -50,6 +73,14 @@ FULL = Scale(
     p7_requests=40,
     p7_lerobot_samples=600,
     p8_fraction=0.10,
+    p9=CameraScale(
+        cameras=(
+            CameraSize("camera480", 480, 640, episodes=16, min_length=300, max_length=420, seed=9),
+            CameraSize("camera224", 224, 224, episodes=16, min_length=300, max_length=420, seed=10),
+        ),
+        samples=3200,
+        peer_samples=1280,
+    ),
 )
 
 QUICK = Scale(
@@ -66,6 +97,14 @@ QUICK = Scale(
     p7_requests=15,
     p7_lerobot_samples=200,
     p8_fraction=0.10,
+    p9=CameraScale(
+        cameras=(
+            CameraSize("camera480", 480, 640, episodes=8, min_length=300, max_length=420, seed=9),
+            CameraSize("camera224", 224, 224, episodes=8, min_length=300, max_length=420, seed=10),
+        ),
+        samples=1280,
+        peer_samples=640,
+    ),
 )
 
 MODES = {"full": FULL, "quick": QUICK}

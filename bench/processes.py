@@ -93,15 +93,18 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class EpiserveServer(Managed):
-    """`episerve-server serve` over one root and cache directory."""
+    """`episerve-server serve` over one root and cache directory; `settings` are extra `EPISERVE_*` variables."""
 
-    def __init__(self, root: Path, cache_dir: Path, log_dir: Path, workers: int = 2) -> None:
+    def __init__(
+        self, root: Path, cache_dir: Path, log_dir: Path, workers: int = 2, settings: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "app.cli", "serve", "--root", str(root), "--cache-dir", str(cache_dir)]
         command += ["--port", str(self.port), "--workers", str(workers), "--log-level", "warning"]
         # `python -m` puts the working directory first on sys.path: that is how the app under test is chosen.
-        super().__init__(command, log_dir / f"episerve-{self.port}.log", self._ready, _clean_env(), app_dir())
+        env = _clean_env(settings)
+        super().__init__(command, log_dir / f"episerve-{self.port}.log", self._ready, env, app_dir())
 
     def _ready(self) -> bool:
         try:

@@ -1,9 +1,12 @@
 """Profile the server and the client on one benchmark workload with py-spy, and summarise where time goes.
 
     python -m bench.profile take [--dataset vector] [--seconds 15] [--workers 2] [--quick] [--out DIR]
+    python -m bench.profile camera [--dataset camera480] [--policy on-demand] [--native] [--quick]
 
 Workloads: `rows` (P1: contiguous ranges through `episerve.Client`), `take` (P2: random 256-row takes, one
-client), `loader` (P3: `EpisodeDataset` in a 2-worker DataLoader), `windows` (P7: windowed takes). py-spy
+client), `loader` (P3: `EpisodeDataset` in a 2-worker DataLoader), `windows` (P7: windowed takes), `camera`
+(P9: `EpisodeDataset` of the camera and `index`, batch 64, in a 2-worker DataLoader, against a server whose
+`EPISERVE_VIDEO_CACHE_POLICY` is `--policy`; first-touch after `warm --videos`). py-spy
 samples the server's processes and, separately, the client process (and its DataLoader workers), writing
 collapsed stacks (`*.txt`, for flamegraph tools or speedscope) plus a summary of the heaviest frames, by
 inclusive and by self time, to stdout.
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.context import Context
 from bench.memory import tree_pids
 from bench.processes import EpiserveServer
 from bench.run import prepare
@@ -35,6 +39,7 @@ IDLE_FRAMES = ("select (", "epoll_wait", "_worker (concurrent", "wait (threading
 
 def _workload(kind: str, url: str, dataset: str, rows: int, stop: threading.Event) -> Callable[[], int]:
     import episerve
+    from bench.camera_datasets import CAMERA
 
     client = episerve.Client(url)
     rng = np.random.default_rng(0)
@@ -53,12 +58,12 @@ def _workload(kind: str, url: str, dataset: str, rows: int, stop: threading.Even
             done += client.take(dataset, ids, delta_timestamps=delta_timestamps).num_rows
         return done
 
-    def loader_loop() -> int:
+    def loader_loop(columns: list[str] | None = None, batch: int = BATCH) -> int:
         from torch.utils.data import DataLoader
 
         loader = DataLoader(
-            episerve.EpisodeDataset(url, dataset),
-            batch_size=BATCH,
+            episerve.EpisodeDataset(url, dataset, columns=columns),
+            batch_size=batch,
             shuffle=True,
             num_workers=2,
             collate_fn=episerve.collate,
@@ -75,7 +80,11 @@ def _workload(kind: str, url: str, dataset: str, rows: int, stop: threading.Even
         fps = 30
         return take_loop({"action": [k / fps for k in range(50)], "observation.state": [-1 / fps, 0.0]})
 
-    return {"rows": rows_loop, "take": take_loop, "loader": loader_loop, "windows": windows_loop}[kind]
+    def camera_loop() -> int:
+        return loader_loop([CAMERA, "index"], batch=64)
+
+    loops = {"rows": rows_loop, "take": take_loop, "loader": loader_loop, "windows": windows_loop}
+    return {**loops, "camera": camera_loop}[kind]
 
 
 def _record(pid: int, seconds: float, out: Path, native: bool = False) -> subprocess.Popen[bytes]:
@@ -120,8 +129,18 @@ def summarise(path: Path, top: int = 25, exclude_pids: Iterable[int] = ()) -> st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n")[0])
-    parser.add_argument("workload", choices=["rows", "take", "loader", "windows"])
-    parser.add_argument("--dataset", default="vector", choices=["vector", "image"])
+    parser.add_argument("workload", choices=["rows", "take", "loader", "windows", "camera"])
+    parser.add_argument(
+        "--dataset",
+        choices=["vector", "image", "camera480", "camera224"],
+        help="default: vector, or camera480 for the camera workload",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=["on-demand", "first-touch"],
+        default="on-demand",
+        help="camera workload: the server's EPISERVE_VIDEO_CACHE_POLICY",
+    )
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="use the quick-mode datasets")
@@ -130,10 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "episerve-profile")
     args = parser.parse_args(argv)
     mode = "quick" if args.quick else "full"
-    ctx = prepare(mode, args.workdir.resolve() / mode)
+    camera = args.workload == "camera"
+    args.dataset = args.dataset or ("camera480" if camera else "vector")
+    if camera != args.dataset.startswith("camera"):
+        parser.error(f"the {args.workload} workload does not read the {args.dataset} dataset")
+    ctx = prepare(mode, args.workdir.resolve() / mode, tabular=not camera)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = ctx.datasets[args.dataset].rows
-    with EpiserveServer(ctx.data_root, ctx.cache_dir, ctx.logs, workers=args.workers) as server:
+    root, cache, settings = ctx.data_root, ctx.cache_dir, None
+    if camera:
+        root, cache, rows = _camera_server(ctx, args.dataset, args.policy)
+        settings = {"EPISERVE_VIDEO_CACHE_POLICY": args.policy}
+    else:
+        rows = ctx.datasets[args.dataset].rows
+    with EpiserveServer(root, cache, ctx.logs, workers=args.workers, settings=settings) as server:
         stop = threading.Event()
         work = _workload(args.workload, server.url, args.dataset, rows, stop)
         result: dict[str, int] = {}
@@ -156,7 +184,23 @@ def main(argv: list[str] | None = None) -> int:
         print(summarise(server_out))
     if client_out.exists():
         print(summarise(client_out, exclude_pids=server_pids))
+    if camera:
+        ctx.drop_scratch("profile-camera")
     return 0
+
+
+def _camera_server(ctx: Context, name: str, policy: str) -> tuple[Path, Path, int]:
+    """(root, cache dir, rows) for a server of P9's camera dataset `name`; the cache is an empty scratch directory,
+    warmed with `warm --videos` for the first-touch policy."""
+    from bench.camera_datasets import ensure_camera_dataset
+    from bench.figures.p9_camera import warm_seconds
+
+    size = next(c for c in ctx.scale.p9.cameras if c.name == name)
+    dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
+    cache = ctx.scratch("profile-camera")
+    if policy == "first-touch":
+        warm_seconds(ctx, dataset, cache)
+    return dataset.root, cache, dataset.rows
 
 
 if __name__ == "__main__":

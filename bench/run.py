@@ -5,7 +5,8 @@
 Steps: generate (or reuse) the datasets in the work dir; convert them once for the peers (an Arrow IPC file for
 the mmap and Flight peers, the HF `datasets` cache); run the cold-cache figures (P6, P8, P4), each with its own
 empty caches; start the warm episerve server (2 workers), the Flight peer and the loopback ceiling; run the warm
-figures (P5, P1, P2, P3, P7); print the table and write it to `bench/results/<date>-<mode>.md`.
+figures (P5, P1, P2, P3, P7); run the camera figure (P9), which generates its own AV1 datasets and starts its own
+servers; print the table and write it to `bench/results/<date>-<mode>.md`.
 """
 
 from __future__ import annotations
@@ -36,13 +37,24 @@ RESULTS = Path(__file__).resolve().parent / "results"
 Figure = Callable[[Context], list[Row]]
 
 
-def _figures() -> tuple[dict[str, Figure], dict[str, Figure]]:
-    """(cold figures, warm figures), in the order they run."""
-    from bench.figures import p1_stream, p2_take, p3_loader, p4_disk, p5_memory, p6_build, p7_windows, p8_cold
+def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]:
+    """(cold figures, warm figures, figures on datasets of their own), in the order they run."""
+    from bench.figures import (
+        p1_stream,
+        p2_take,
+        p3_loader,
+        p4_disk,
+        p5_memory,
+        p6_build,
+        p7_windows,
+        p8_cold,
+        p9_camera,
+    )
 
     cold = {"P6": p6_build.run, "P8": p8_cold.run, "P4": p4_disk.run}
     warm = {"P5": p5_memory.run, "P1": p1_stream.run, "P2": p2_take.run, "P3": p3_loader.run, "P7": p7_windows.run}
-    return cold, warm
+    own = {"P9": p9_camera.run}
+    return cold, warm, own
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -71,15 +83,15 @@ def _ipc_path(workdir: Path, size: object) -> Path:
     return workdir / "ipc" / f"{size.name}-{digest}.arrow"  # type: ignore[attr-defined]
 
 
-def prepare(scale_name: str, workdir: Path) -> Context:
-    """Datasets and peer copies, ready for the figures."""
+def prepare(scale_name: str, workdir: Path, tabular: bool = True) -> Context:
+    """Datasets and peer copies, ready for the figures (without `tabular`, none: for figures that make their own)."""
     from bench.peers.ipc import convert
 
     scale = MODES[scale_name]
     workdir.mkdir(parents=True, exist_ok=True)
     hf.configure_offline(workdir / "hf-home")
     datasets, ipc = {}, {}
-    for size in (scale.vector, scale.image):
+    for size in (scale.vector, scale.image) if tabular else ():
         started = time.perf_counter()
         datasets[size.name] = ensure_dataset(workdir / "data", size)
         ipc[size.name] = convert(datasets[size.name].files, _ipc_path(workdir, size))
@@ -139,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[APP_PATH_VARIABLE] = str(args.app_path.resolve())
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
-    ctx = prepare(mode, args.workdir.resolve() / mode)
-    cold, warm = _figures()
+    cold, warm, own = _figures()
+    ctx = prepare(mode, args.workdir.resolve() / mode, tabular=only is None or bool(only - set(own)))
     rows: list[Row] = []
     for figure, run in cold.items():
         if only is None or figure in only:
@@ -156,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for process in reversed(processes):
                 process.stop()
+    for figure, run in own.items():
+        if only is None or figure in only:
+            print(f"# {figure} ...", file=sys.stderr)
+            rows += run(ctx)
     rows.sort(key=lambda r: int(r.figure[1:]))
     ctx.notes.append(
         f"Load average (1 min) {load_before:.1f} before and {os.getloadavg()[0]:.1f} after the run: the machine is "
@@ -201,10 +217,11 @@ def report_text(ctx: Context, rows: list[Row], mode: str, seconds: float) -> str
         f"`{d.name}` {d.episodes:,} episodes / {d.rows:,} rows / {d.parquet_bytes / 1e6:,.0f} MB parquet"
         for d in ctx.datasets.values()
     )
+    datasets = f" Datasets: {sizes}." if sizes else ""
     lines = [
         f"## Results ({mode} mode, {dt.date.today().isoformat()})",
         "",
-        f"Machine: {machine()}. Datasets: {sizes}. episerve read through {reader}; server with 2 workers. "
+        f"Machine: {machine()}.{datasets} episerve read through {reader}; server with 2 workers. "
         f"Code: {revision()}. Ratio = episerve ÷ peer. Run time {seconds / 60:.1f} min.{_app_note()}",
         "",
         markdown(rows),

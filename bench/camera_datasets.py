@@ -1,0 +1,265 @@
+"""Generate P9's datasets: LeRobot v3.0 layouts with one AV1 camera, encoded as LeRobot records (GOP 2).
+
+Each episode is encoded on its own with the demo's encoder settings (`app.demo_video`: SVT-AV1, yuv420p, GOP 2,
+CRF 30; H.264 only where the FFmpeg build has no AV1 encoder) and appended by stream copy to the camera's current
+mp4, which rolls over at LeRobot's 200 MB. The frames are a drifting colour gradient plus a fine random texture
+that moves a few pixels a frame plus fresh per-frame sensor noise: not trivially compressible (about 40 KB a
+frame at 480x640, against ~2 KB for a smooth synthetic scene), so decoding costs what it costs on camera data.
+A finished dataset carries a `bench.json` marker with its parameters and is reused by later runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.config import CameraSize
+from bench.datasets import ACTION, DATA_PATH, EPISODES_PATH, FPS, STATE, TASKS
+
+CAMERA = "observation.images.top"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+VIDEO_FILE_BYTES = 200 * 1024 * 1024  # LeRobot's `video_files_size_in_mb` default
+JOINTS = 6
+_MARKER = "bench.json"
+_TEXTURE_LEVELS = 40  # amplitude of the moving texture
+_NOISE_LEVELS = 5  # amplitude of the fresh per-frame noise
+_ENCODERS = 2  # episodes encoded side by side (each encoder single-threaded, see app.demo_video)
+
+
+@dataclass(frozen=True)
+class CameraDataset:
+    """A generated camera dataset on disk."""
+
+    name: str
+    root: Path  # the served root; the dataset is root / name
+    height: int
+    width: int
+    lengths: list[int]
+    videos: list[str]  # video files relative to the dataset, in (chunk, file) order
+    codec: str
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def rows(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def episodes(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def video_bytes(self) -> int:
+        return sum((self.path / rel).stat().st_size for rel in self.videos)
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.height * self.width * 3
+
+
+def ensure_camera_dataset(root: Path, size: CameraSize) -> CameraDataset:
+    """The dataset `size` under `root`, generated unless an identical one is already there."""
+    path = root / size.name
+    marker = path / _MARKER
+    if not (marker.is_file() and json.loads(marker.read_text()).get("size") == asdict(size)):
+        shutil.rmtree(path, ignore_errors=True)
+        _write(path, size)
+        marker.write_text(json.dumps({"size": asdict(size)}))
+    return describe_camera_dataset(root, size.name)
+
+
+def describe_camera_dataset(root: Path, name: str) -> CameraDataset:
+    path = root / name
+    info = json.loads((path / "meta/info.json").read_text())
+    height, width, _ = info["features"][CAMERA]["shape"]
+    episodes = pq.read_table(path / EPISODES_PATH).to_pylist()
+    prefix = f"videos/{CAMERA}/"
+    videos = sorted(
+        {
+            VIDEO_PATH.format(
+                video_key=CAMERA, chunk_index=e[prefix + "chunk_index"], file_index=e[prefix + "file_index"]
+            )
+            for e in episodes
+        }
+    )
+    codec = info["features"][CAMERA]["info"]["video.codec"]
+    return CameraDataset(name, root, height, width, [e["length"] for e in episodes], videos, codec)
+
+
+def _lengths(size: CameraSize) -> list[int]:
+    rng = np.random.default_rng(size.seed)
+    return rng.integers(size.min_length, size.max_length + 1, size=size.episodes).tolist()
+
+
+class _Scene:
+    """The camera's view: frame `i` of the whole recording (episodes follow each other without a cut)."""
+
+    def __init__(self, size: CameraSize) -> None:
+        self.height, self.width = size.height, size.width
+        rng = np.random.default_rng([size.seed, 1])
+        self.texture = rng.integers(0, _TEXTURE_LEVELS, size=(size.height + 64, size.width + 64, 3), dtype=np.uint8)
+        y, x = np.mgrid[0 : size.height, 0 : size.width].astype(np.float32)
+        self.x, self.y = x * (640 / size.width), y * (480 / size.height)  # the same scene at every resolution
+        self.seed = size.seed
+
+    def frame(self, i: int) -> np.ndarray:
+        phase = np.float32(0.08 * i)
+        base = np.empty((self.height, self.width, 3), dtype=np.float32)
+        base[..., 0] = np.sin(self.x / 90 + phase)
+        base[..., 1] = np.sin(self.y / 70 - 0.7 * phase)
+        base[..., 2] = np.cos((self.x + self.y) / 150 + 0.5 * phase)
+        dx, dy = (2 * i) % 64, i % 64
+        noise = np.random.default_rng([self.seed, 2, i]).integers(0, _NOISE_LEVELS, size=base.shape, dtype=np.uint8)
+        pixels = 70 * base + 100 + self.texture[dy : dy + self.height, dx : dx + self.width] + noise
+        return pixels.clip(0, 255).astype(np.uint8)
+
+
+def _encode(scene: _Scene, first: int, length: int) -> bytes:
+    """Frames `first .. first + length` of the scene as one episode's mp4, frame k at pts k/fps (app.demo_video's
+    encoder settings), streamed: one frame in memory at a time."""
+    import av
+
+    from app.demo_video import ENCODER, PIX_FMT
+
+    time_base = Fraction(1, FPS)
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream(ENCODER.name, rate=FPS, options=ENCODER.options)
+        stream.width, stream.height, stream.pix_fmt = scene.width, scene.height, PIX_FMT
+        for k in range(length):
+            frame = av.VideoFrame.from_ndarray(scene.frame(first + k), format="rgb24")
+            frame.pts, frame.time_base = k, time_base
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return buffer.getvalue()
+
+
+def _encoded_episodes(size: CameraSize, lengths: list[int]) -> Iterator[bytes]:
+    """Each episode's mp4 in order, encoded `_ENCODERS` at a time."""
+    scene = _Scene(size)
+    firsts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    with ThreadPoolExecutor(_ENCODERS, thread_name_prefix="bench-video") as pool:
+        jobs = [pool.submit(_encode, scene, firsts[e], length) for e, length in enumerate(lengths)]
+        for job in jobs:
+            yield job.result()
+
+
+def _write(path: Path, size: CameraSize) -> None:
+    from app.demo_video import ConcatenatedVideo
+
+    lengths = _lengths(size)
+    episodes: list[dict[str, Any]] = []
+    video: ConcatenatedVideo | None = None
+    file_index, file_bytes, start = -1, VIDEO_FILE_BYTES, 0
+    try:
+        for episode, mp4 in enumerate(_encoded_episodes(size, lengths)):
+            if file_bytes + len(mp4) > VIDEO_FILE_BYTES and file_bytes > 0:
+                if video is not None:
+                    video.close()
+                file_index, file_bytes = file_index + 1, 0
+                rel = VIDEO_PATH.format(video_key=CAMERA, chunk_index=0, file_index=file_index)
+                video = ConcatenatedVideo(path / rel)
+            assert video is not None
+            from_s, to_s = video.append(mp4)
+            file_bytes += len(mp4)
+            length = lengths[episode]
+            episodes.append(_episode_row(episode, length, start, file_index, from_s, to_s))
+            start += length
+    finally:
+        if video is not None:
+            video.close()
+    _write_data(path, size, lengths)
+    _write_meta(path, size, lengths, episodes)
+
+
+def _write_data(path: Path, size: CameraSize, lengths: list[int]) -> None:
+    out = path / DATA_PATH.format(chunk_index=0, file_index=0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    vector = pa.list_(pa.float32(), JOINTS)
+    schema = pa.schema(
+        [pa.field(STATE, vector), pa.field(ACTION, vector), pa.field("timestamp", pa.float32())]
+        + [pa.field(name, pa.int64()) for name in ("frame_index", "episode_index", "index", "task_index")]
+    )
+    start = 0
+    with pq.ParquetWriter(out, schema) as writer:
+        for episode, length in enumerate(lengths):
+            rng = np.random.default_rng([size.seed, 3, episode])
+            frame = np.arange(length, dtype=np.int64)
+            state = np.cumsum(rng.normal(0.0, 0.02, size=(length, JOINTS)), axis=0).astype(np.float32)
+            columns = [
+                pa.FixedSizeListArray.from_arrays(pa.array(state.reshape(-1)), JOINTS),
+                pa.FixedSizeListArray.from_arrays(pa.array(np.roll(state, -1, axis=0).reshape(-1)), JOINTS),
+                pa.array((frame / FPS).astype(np.float32)),
+                pa.array(frame),
+                pa.array(np.full(length, episode, dtype=np.int64)),
+                pa.array(start + frame),
+                pa.array(np.full(length, episode % len(TASKS), dtype=np.int64)),
+            ]
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema))  # one row group per episode
+            start += length
+
+
+def _episode_row(episode: int, length: int, start: int, file_index: int, from_s: float, to_s: float) -> dict[str, Any]:
+    prefix = f"videos/{CAMERA}/"
+    return {
+        "episode_index": episode,
+        "tasks": [TASKS[episode % len(TASKS)]],
+        "length": length,
+        "data/chunk_index": 0,
+        "data/file_index": 0,
+        "dataset_from_index": start,
+        "dataset_to_index": start + length,
+        prefix + "chunk_index": 0,
+        prefix + "file_index": file_index,
+        prefix + "from_timestamp": from_s,
+        prefix + "to_timestamp": to_s,
+        "meta/episodes/chunk_index": 0,
+        "meta/episodes/file_index": 0,
+    }
+
+
+def _write_meta(path: Path, size: CameraSize, lengths: list[int], episodes: list[dict[str, Any]]) -> None:
+    from app.demo_video import Camera, video_feature
+
+    (path / EPISODES_PATH).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(episodes), path / EPISODES_PATH)
+    tasks = pa.table({"task_index": pa.array(range(len(TASKS)), pa.int64()), "task": pa.array(TASKS)})
+    pq.write_table(tasks, path / "meta/tasks.parquet")
+    vector = {"dtype": "float32", "shape": [JOINTS], "names": [f"joint_{i}" for i in range(JOINTS)]}
+    features: dict[str, Any] = {
+        STATE: vector,
+        ACTION: vector,
+        CAMERA: video_feature(Camera(CAMERA, size.height, size.width), FPS),
+        "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+    }
+    for name in ("frame_index", "episode_index", "index", "task_index"):
+        features[name] = {"dtype": "int64", "shape": [1], "names": None}
+    info = {
+        "codebase_version": "v3.0",
+        "robot_type": "bench",
+        "total_episodes": len(lengths),
+        "total_frames": int(sum(lengths)),
+        "total_tasks": len(TASKS),
+        "chunks_size": 1000,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": VIDEO_FILE_BYTES // (1024 * 1024),
+        "fps": FPS,
+        "splits": {"train": f"0:{len(lengths)}"},
+        "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH,
+        "features": features,
+    }
+    (path / "meta/info.json").write_text(json.dumps(info, indent=4))
