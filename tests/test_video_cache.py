@@ -270,6 +270,32 @@ def test_threads_reading_one_video_at_once_each_get_exact_frames(video_root: Pat
     assert wrong == []
 
 
+def test_times_between_frames_pick_the_nearest_frame_once_converted(video_root: Path) -> None:
+    dataset = video_root / "cams-v3"
+    video = episode_video(dataset, TOP_CAMERA, 0)
+    rel = video.path.relative_to(dataset).as_posix()
+    times, frames = decode_video(video.path)
+    step = times[6] - times[5]
+    wanted = np.array([times[5], times[5] + 0.3 * step, times[5] + 0.45 * step, times[6] - 0.2 * step, times[6]])
+    got, at = decode_nearest(dataset, rel, wanted, _camera(dataset), DecoderPool())
+    assert np.array_equal(got, frames[[5, 5, 5, 6, 6]])
+    assert np.array_equal(at, times[[5, 5, 5, 6, 6]])
+
+
+def test_the_catalog_shares_one_decoder_pool_of_the_configured_size(video_root: Path, tmp_path: Path) -> None:
+    settings = Settings(roots=[video_root], cache_dir=tmp_path / "cache", video_decoders=1)
+    catalog = Catalog(settings, [video_root])
+    v3, v21 = catalog.get("cams-v3"), catalog.get("cams-v21")
+    assert v3.decoders is v21.decoders and v3.decoders.capacity == 1
+    for dataset in (v3, v21):
+        video = episode_video(dataset.path, TOP_CAMERA, 1)
+        rel = video.path.relative_to(dataset.path).as_posix()
+        times, frames = decode_video(video.path)
+        got, _ = decode_nearest(dataset.path, rel, times[:4], _camera(dataset.path), dataset.decoders)
+        assert np.array_equal(got, frames[:4])
+    assert v3.decoders.opened == 2 and len(v3.decoders._idle) == 1  # the older decoder was closed
+
+
 def _decode_in_child(dataset: str, rel: str, times: list[float], pool: DecoderPool, results: object) -> None:
     inherited = len(pool._idle)
     got, _ = decode_nearest(Path(dataset), rel, np.asarray(times), _camera(Path(dataset)), pool)

@@ -86,7 +86,7 @@ def _frames(
         times, back = np.unique(wanted[here], return_inverse=True)
         segment = _frame_segment(dataset, path, feature)
         if segment is None:
-            decoded, at = decode_nearest(dataset.path, path, times, feature)
+            decoded, at = decode_nearest(dataset.path, path, times, feature, dataset.decoders)
             pictures = [decoded]
             batch_of, row_in_batch = np.zeros(len(times), dtype=np.int64), np.arange(len(times))
         else:

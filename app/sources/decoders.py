@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -40,15 +40,18 @@ class OpenDecoder:
         self._last_keyframe: float | None = None
         self._keyframe_gap: float | None = None  # the shortest distance seen between two keyframes, seconds
 
-    def nearest(self, times: np.ndarray, frame_s: float) -> tuple[list[Any], np.ndarray]:
-        """For each of `times` (seconds, ascending), the frame whose presentation time is nearest (the earlier on
-        a tie), and that time.
+    def nearest(self, times: np.ndarray, frame_s: float, keep: Callable[[int, Any], None]) -> np.ndarray:
+        """For each of `times` (seconds, ascending), find the frame whose presentation time is nearest (the earlier
+        on a tie) and hand it to `keep(position, frame)` as soon as it is known; return those times (NaN where the
+        file has no frame at all).
+
+        Positions are handed over in order, so a frame is never handed over again once a later one has been, and
+        only the frame just decoded and the one before it are held: memory is bounded by `keep`, not the read.
 
         Decodes forward through runs of nearby times and seeks across gaps: a time farther past the last frame
         decoded than the file's keyframe interval is reached by a seek to the keyframe before it (decoding through
         the gap would cost more frames than decoding from that keyframe), so a shuffled batch costs a seek and a
         short decode per frame, not a decode of everything between its first and last frame."""
-        picked: list[Any] = [None] * len(times)
         picked_at = np.full(len(times), np.nan)
         wanted = 0
         while wanted < len(times):
@@ -64,7 +67,8 @@ class OpenDecoder:
                     self._saw_keyframe(at)
                 while wanted < len(times) and times[wanted] <= at:
                     nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
-                    picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
+                    picked_at[wanted], chosen = previous if nearer else (at, frame)  # type: ignore[misc]
+                    keep(wanted, chosen)
                     wanted += 1
                 previous = (at, frame)
                 if wanted == len(times) or (wanted > started and times[wanted] - at > self._reach(frame_s)):
@@ -73,10 +77,11 @@ class OpenDecoder:
             self._last = previous
             if exhausted:  # past the last frame: the last frame is nearest
                 while wanted < len(times) and previous is not None:
-                    picked_at[wanted], picked[wanted] = previous
+                    picked_at[wanted] = previous[0]
+                    keep(wanted, previous[1])
                     wanted += 1
                 break
-        return picked, picked_at
+        return picked_at
 
     def continues_to(self, first: float, frame_s: float) -> bool:
         """Whether a read starting at time `first` is best served by decoding on from here, without a seek."""
@@ -179,6 +184,3 @@ def _identity(path: Path) -> tuple[int, ...]:
     """Which version of the file this is (a rewritten file is another decoder)."""
     stat = path.stat()
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-
-
-DECODERS = DecoderPool()

@@ -18,7 +18,7 @@ import orjson
 import pyarrow as pa
 
 from app.errors import DatasetError, InvalidInput
-from app.sources.decoders import DECODERS, DecoderPool
+from app.sources.decoders import DecoderPool
 from app.sources.source import SourceFingerprint, VideoFeature
 
 
@@ -33,31 +33,35 @@ def video_features(info: dict[str, Any]) -> dict[str, VideoFeature]:
 
 
 def decode_nearest(
-    root: Path, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool = DECODERS
+    root: Path, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
     time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,)).
 
     One forward pass from the keyframe at or before the first time (or on from where the last read of the file
-    stopped, see `app.sources.decoders`); only the frames picked are converted to RGB."""
+    stopped, see `app.sources.decoders`); each frame picked is converted to RGB once, straight into the result, as
+    soon as it is known (the decoded frames are not held until the end)."""
     import av
+
+    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+    last: list[Any] = [None, -1]  # the frame converted last, and where it went
+
+    def keep(position: int, frame: Any) -> None:
+        if frame is last[0]:
+            frames[position] = frames[last[1]]
+        else:
+            frames[position] = to_rgb(frame, feature, rel)
+        last[:] = [frame, position]
 
     try:
         frame_s = 1.0 / (feature.fps or 10.0)
         first = float(times[0]) if len(times) else 0.0
         with decoders.checkout(root / rel, first, frame_s) as decoder:
-            picked, picked_at = decoder.nearest(times, frame_s)
-            if any(frame is None for frame in picked):
-                raise DatasetError(f"video file {rel!r} holds no frames")
-            frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
-            converted: dict[int, np.ndarray] = {}
-            for position, frame in enumerate(picked):
-                image = converted.get(id(frame))
-                if image is None:
-                    image = converted[id(frame)] = to_rgb(frame, feature, rel)
-                frames[position] = image
+            picked_at = decoder.nearest(times, frame_s, keep)
     except (OSError, av.error.FFmpegError) as exc:
         raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
+    if np.isnan(picked_at).any():
+        raise DatasetError(f"video file {rel!r} holds no frames")
     return frames, picked_at
 
 
