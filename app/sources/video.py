@@ -56,13 +56,21 @@ def decode_nearest(
     try:
         frame_s = 1.0 / (feature.fps or 10.0)
         first = float(times[0]) if len(times) else 0.0
-        with decoders.checkout(root / rel, first, frame_s) as decoder:
+        with decoders.checkout(root / rel, first, frame_s, run=_is_run(times, frame_s)) as decoder:
             picked_at = decoder.nearest(times, frame_s, keep)
     except (OSError, av.error.FFmpegError) as exc:
         raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
     if np.isnan(picked_at).any():
         raise DatasetError(f"video file {rel!r} holds no frames")
     return frames, picked_at
+
+
+def _is_run(times: np.ndarray, frame_s: float) -> bool:
+    """Whether `times` (ascending) are mostly consecutive frames: a read that decodes on rather than seeks."""
+    return len(times) >= RUN_FRAMES and float(times[-1] - times[0]) <= 2 * len(times) * frame_s
+
+
+RUN_FRAMES = 16
 
 
 def to_rgb(frame: Any, feature: VideoFeature, rel: str) -> np.ndarray:
