@@ -8,7 +8,7 @@ to `t` in the episode's own file (v2.1); farther than `tolerance_s` is an error,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -36,22 +36,38 @@ def decode_nearest(
     root: Path, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
-    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,)).
+    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,))."""
+    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+    places = np.arange(len(times)).reshape(-1, 1)
+    return frames, decode_nearest_into(frames, places, root, rel, times, feature, decoders)
+
+
+def decode_nearest_into(
+    out: np.ndarray,
+    places: Sequence[np.ndarray],
+    root: Path,
+    rel: str,
+    times: np.ndarray,
+    feature: VideoFeature,
+    decoders: DecoderPool,
+) -> np.ndarray:
+    """Decode the frame nearest to each of `times` (seconds, ascending) into `out` at the positions `places[i]`
+    (one or more per time), and return the presentation times of the frames found.
 
     One forward pass from the keyframe at or before the first time (or on from where the last read of the file
-    stopped, see `app.sources.decoders`); each frame picked is converted to RGB once, straight into the result, as
-    soon as it is known (the decoded frames are not held until the end)."""
+    stopped, see `app.sources.decoders`); each frame picked is converted to RGB once, straight into its first place
+    in `out`, as soon as it is known (the decoded frames are not held until the end), and copied from there to its
+    other places."""
     import av
 
-    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
     last: list[Any] = [None, -1]  # the frame converted last, and where it went
 
-    def keep(position: int, frame: Any) -> None:
-        if frame is last[0]:
-            frames[position] = frames[last[1]]
-        else:
-            frames[position] = to_rgb(frame, feature, rel)
-        last[:] = [frame, position]
+    def keep(i: int, frame: Any) -> None:
+        first, *others = places[i].tolist()
+        out[first] = out[last[1]] if frame is last[0] else to_rgb(frame, feature, rel)
+        for other in others:
+            out[other] = out[first]
+        last[:] = [frame, first]
 
     try:
         frame_s = 1.0 / (feature.fps or 10.0)
@@ -62,7 +78,7 @@ def decode_nearest(
         raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
     if np.isnan(picked_at).any():
         raise DatasetError(f"video file {rel!r} holds no frames")
-    return frames, picked_at
+    return picked_at
 
 
 def _is_run(times: np.ndarray, frame_s: float) -> bool:
