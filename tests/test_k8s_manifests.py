@@ -138,6 +138,12 @@ def test_container_port_is_the_one_the_server_listens_on() -> None:
     assert env["EPISERVE_HOST"]["value"] == "0.0.0.0"
 
 
+def test_no_service_links_inject_episerve_variables() -> None:
+    # a Service named `episerve` would otherwise give every pod EPISERVE_PORT=tcp://..., EPISERVE_SERVICE_HOST, ...
+    assert only("Service")["metadata"]["name"] == "episerve"
+    assert only("Deployment")["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
 def test_every_episerve_variable_is_a_server_setting() -> None:
     settings = {f"EPISERVE_{name.upper()}" for name in Settings.model_fields}
     names = {name for name in env_of(server_container(only("Deployment"))) if name.startswith("EPISERVE_")}
