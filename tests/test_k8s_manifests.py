@@ -253,10 +253,10 @@ def test_dataset_key_map_in_the_ingress_notes_extracts_the_dataset_id() -> None:
     """The `map` suggested in ingress.yaml for hashing on the dataset id alone (PCRE; this regex reads the same in
     Python) gives one key for every endpoint of a dataset, ids with slashes included."""
     text = (K8S / "ingress.yaml").read_text()
-    pattern = re.search(r'"~(\^/datasets/.*\$)" \$id;', text).group(1).replace("?<id>", "?P<id>")
+    pattern = re.search(r'"~(\^/datasets/.*\$)" \$episerve_id;', text).group(1).replace("?<", "?P<")
     endpoints = ["", "/rows", "/rows/take", "/cache", "/episodes"]
     for dataset in ("lerobot/pusht", "demo", "team/robot/v3"):
-        keys = {re.match(pattern, f"/datasets/{dataset}{suffix}").group("id") for suffix in endpoints}
+        keys = {re.match(pattern, f"/datasets/{dataset}{suffix}").group("episerve_id") for suffix in endpoints}
         assert keys == {dataset}
 
 
