@@ -379,6 +379,7 @@
     view.timings.chartsMs = performance.now() - started;
     await firstFrames;
     view.timings.openMs = performance.now() - started;
+    view.timings.sinceNavigationMs = performance.now(); // the page's clock starts when it began to load
   }
 
   async function loadCharts(view, info, features) {
