@@ -404,7 +404,9 @@
       box.className = "chart";
       box.dataset.feature = feature.name;
       container.append(box);
-      const plot = new uPlot(
+      const entry = { plot: null, marker: document.createElement("div") };
+      entry.marker.className = "cursor-marker";
+      entry.plot = new uPlot(
         {
           title: feature.name,
           width,
@@ -421,18 +423,18 @@
           ],
           axes: [{ label: "time (s)" }, {}],
           legend: { live: true },
+          // After every draw (the first one, a zoom, a resize) the marker follows the new scale.
+          hooks: { draw: [() => placeMarker(view, entry)] },
         },
         [view.x, ...values],
         box,
       );
-      const marker = document.createElement("div");
-      marker.className = "cursor-marker";
-      plot.over.append(marker);
-      plot.over.addEventListener("click", (event) => {
-        const index = plot.posToIdx(event.offsetX);
+      entry.plot.over.append(entry.marker);
+      entry.plot.over.addEventListener("click", (event) => {
+        const index = entry.plot.posToIdx(event.offsetX);
         if (index !== null && index !== undefined) setCursor(view, index);
       });
-      view.plots.push({ plot, marker });
+      view.plots.push(entry);
     }
     if (!features.length) {
       const note = document.createElement("p");
@@ -483,13 +485,15 @@
   }
 
   function moveMarkers(view) {
-    if (!view.x) return;
-    const x = view.x[view.cursor];
-    for (const { plot, marker } of view.plots) {
-      const left = plot.valToPos(x, "x");
-      marker.style.left = `${left}px`;
-      marker.hidden = !(left >= 0 && left <= plot.over.clientWidth);
-    }
+    for (const entry of view.plots) placeMarker(view, entry);
+  }
+
+  function placeMarker(view, { plot, marker }) {
+    if (!view.x || !plot) return;
+    const left = plot.valToPos(view.x[view.cursor], "x");
+    if (!Number.isFinite(left)) return; // not laid out yet: the first draw places it
+    marker.style.left = `${left}px`;
+    marker.hidden = !(left >= 0 && left <= plot.over.clientWidth);
   }
 
   function play(view) {
