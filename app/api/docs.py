@@ -58,7 +58,9 @@ def home(request: Request) -> Any:
     links = {name: {"href": prefix + path, "title": text} for name, (path, text) in _LINKS.items()}
     if _wants_html(request):
         items = "".join(
-            f'<li><a href="{link["href"]}">{link["href"]}</a>: {link["title"]}</li>' for link in links.values()
+            f'<li><a href="{link["href"]}">{link["href"]}</a>: {link["title"]}</li>'
+            for name, link in links.items()
+            if name != "viewer"  # linked above the list, relatively
         )
         page = (
             f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
