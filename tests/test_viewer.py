@@ -14,11 +14,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from app.api.ui import VENDOR_DIRECTORY
 from app.demo import JOINT_NAMES, TOP_CAMERA, WRIST_CAMERA
-from tests.support import ServerProcess, oracle, read_stream
+from tests.support import ServerProcess, oracle, read_stream, source_files
 
 CHROMIUM = Path("/usr/bin/chromium")
 LIBRARIES = ("arrow.min.js", "uplot.min.js", "uplot.min.css")
@@ -219,6 +220,29 @@ def test_episode_charts_hold_the_episodes_parquet_values(
     assert legend == ["time (s)", *JOINT_NAMES]
     tasks = httpx.get(f"{viewer_server.url}/datasets/{dataset}/episodes").json()["episodes"][episode]["tasks"]
     assert f"task: {tasks[0]}" in page.inner_text("#episode-summary")
+
+
+def test_generic_dataset_charts_its_numeric_columns_with_nulls_as_gaps(
+    page: Any, server: ServerProcess, datasets_root: Path
+) -> None:
+    # No LeRobot metadata: the numeric columns are found from their Arrow types, null rows are gaps (null).
+    open_viewer(page, server, "#dataset=nullable&episode=1")
+    assert viewer_state(page, "v.message") is None
+    expected = oracle(datasets_root / "nullable", [1])
+    assert viewer_state(page, "v.view.features") == ["pose", "reading", "count", "step"]
+    pose = viewer_state(page, "v.view.charts.pose")
+    assert pose["labels"] == ["pose[0]", "pose[1]", "pose[2]"]
+    rows = expected["pose"].to_pylist()
+    assert pose["values"] == [[None if row is None else row[d] for row in rows] for d in range(3)]
+    for name in ("reading", "count", "step"):
+        chart = viewer_state(page, f"v.view.charts[{name!r}]")
+        assert chart == {"labels": [name], "values": [expected[name].to_pylist()]}
+    assert None in viewer_state(page, "v.view.charts.reading.values[0]")
+    # A dataset without an episode column is one episode, read without `episodes=`.
+    open_viewer(page, server, "#dataset=plain&episode=0")
+    assert viewer_state(page, "v.message") is None
+    stored = pa.concat_tables([pq.read_table(path) for path in source_files(datasets_root / "plain")])
+    assert viewer_state(page, "v.view.charts.y.values") == [stored["y"].to_pylist()]
 
 
 @pytest.mark.parametrize("dataset", ["cams-v3", "cams-v21"])

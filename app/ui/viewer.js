@@ -131,7 +131,8 @@
     let list = Array.isArray(names) ? names : null;
     if (!list && names && typeof names === "object") list = Object.values(names).find(Array.isArray) || null;
     if (list) list = list.flat(Infinity);
-    return Array.from({ length: dims }, (_, i) => (list && list.length === dims ? String(list[i]) : `${name}[${i}]`));
+    if (list && list.length === dims) return list.map(String);
+    return dims === 1 ? [name] : Array.from({ length: dims }, (_, i) => `${name}[${i}]`);
   }
 
   /** The numeric (vector or scalar) columns to chart: [{name, dims, labels}]. */
@@ -165,7 +166,8 @@
 
   // ---- Arrow -> arrays ---------------------------------------------------------------------------------------
 
-  /** A column's values as one plain array per dimension (null where a row is null). */
+  /** A column's values as one plain array per dimension (null where a row is null). Reads the typed arrays
+   * directly: 280,000 values of an episode take a few milliseconds this way, far less than `get(i)` per row. */
   function columnArrays(table, name, dims) {
     const vector = table.getChild(name);
     const rows = table.numRows;
@@ -366,6 +368,7 @@
       playing: false,
       timings: {},
     };
+    view.episodeQuery = episodeQuery(info, view);
     viewer.view = view;
     show("episode-view");
     $("episode-title").textContent = `${id} · episode ${episode}`;
@@ -382,6 +385,11 @@
     view.timings.sinceNavigationMs = performance.now(); // the page's clock starts when it began to load
   }
 
+  /** `episodes=N&`, or nothing for a dataset without an episode column (all of it is one episode). */
+  function episodeQuery(info, view) {
+    return info.episode_column ? `episodes=${view.episode}&` : "";
+  }
+
   async function loadCharts(view, info, features) {
     const hasTimestamp = info.columns.some((c) => c.name === "timestamp");
     const columns = [...(hasTimestamp ? ["timestamp"] : []), ...features.map((f) => f.name)];
@@ -389,7 +397,7 @@
     container.replaceChildren();
     let table = null;
     if (columns.length) {
-      const query = `episodes=${view.episode}&columns=${columns.map(encodeURIComponent).join(",")}`;
+      const query = `${episodeQuery(info, view)}columns=${columns.map(encodeURIComponent).join(",")}`;
       table = await api(`${datasetPath(view.dataset)}/rows?${query}`, { arrow: true });
     }
     if (view !== viewer.view) return;
@@ -557,7 +565,7 @@
         let table = view.frameCache.get(row);
         if (!table) {
           const columns = view.cameras.map((c) => encodeURIComponent(c.name)).join(",");
-          const query = `episodes=${view.episode}&start=${row}&stop=${row + 1}&columns=${columns}`;
+          const query = `${view.episodeQuery}start=${row}&stop=${row + 1}&columns=${columns}`;
           view.frameRequests += 1;
           table = await api(`${datasetPath(view.dataset)}/rows?${query}`, { arrow: true });
           view.frameCache.set(row, table);
