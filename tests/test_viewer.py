@@ -342,6 +342,42 @@ def test_unknown_dataset_or_episode_in_the_url_shows_a_clear_message(
     assert page.locator("main:visible").count() == 0
 
 
+def test_viewer_works_under_a_path_prefix(page: Any, viewer_server: ServerProcess) -> None:
+    # As behind a proxy serving the server at /episerve/: the browser sees only prefixed URLs, which the route
+    # forwards to the server without the prefix; a URL that escaped the prefix would never reach the server.
+    prefix = "/episerve"
+    requested: list[str] = []
+
+    def forward(route: Any) -> None:
+        path = route.request.url.removeprefix(viewer_server.url)
+        requested.append(path)
+        if path.startswith(prefix + "/"):
+            route.continue_(url=viewer_server.url + path.removeprefix(prefix))
+        else:
+            route.fulfill(status=404, body="outside the prefix")
+
+    page.route(f"{viewer_server.url}/**", forward)
+    page.goto(f"{viewer_server.url}{prefix}/ui/#dataset=cams-v3&episode=2")
+    page.wait_for_function("window.episerveViewer && window.episerveViewer.ready", timeout=60_000)
+    page.fill("#scrub", "5")
+    page.wait_for_function("window.episerveViewer.view.shownFrame === 5")
+    assert viewer_state(page, "v.message") is None
+    assert [path for path in requested if not path.startswith(prefix + "/")] == []
+    assert {f"{prefix}/ui/vendor/arrow.min.js", f"{prefix}/datasets/cams-v3"} <= set(requested)
+    assert (canvas_pixels(page, TOP_CAMERA)[..., :3] == server_frame(viewer_server, "cams-v3", 2, 5, TOP_CAMERA)).all()
+
+
+def test_charts_follow_the_window_width(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=2")
+    width = "document.querySelector('.chart .uplot').offsetWidth"
+    wide = page.evaluate(width)
+    page.set_viewport_size({"width": 800, "height": 1000})
+    page.wait_for_function(f"{width} < {wide - 300}")
+    page.fill("#scrub", "10")
+    marker = page.locator(".chart .cursor-marker").first.evaluate("m => parseFloat(m.style.left)")
+    assert 0 < marker < 800
+
+
 def test_page_asks_for_a_token_when_the_server_requires_one(
     browser: Any, video_root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

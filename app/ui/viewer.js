@@ -404,7 +404,7 @@
     view.x = hasTimestamp
       ? columnArrays(table, "timestamp", 1)[0]
       : Array.from({ length: view.length }, (_, i) => i / view.fps);
-    const width = Math.max(400, container.clientWidth - 4);
+    const width = Math.max(400, container.clientWidth - 4); // the resize handler keeps it so
     for (const feature of features) {
       const values = columnArrays(table, feature.name, feature.dims);
       view.charts[feature.name] = { labels: feature.labels, values };
@@ -524,6 +524,13 @@
     view.playing = false;
     $("play").textContent = "play";
   }
+
+  window.addEventListener("resize", () => {
+    const view = viewer.view;
+    if (!view || !view.plots.length) return;
+    const width = Math.max(400, $("charts").clientWidth - 4);
+    for (const { plot } of view.plots) plot.setSize({ width, height: 240 });
+  });
 
   document.addEventListener("keydown", (event) => {
     const view = viewer.view;
