@@ -200,7 +200,8 @@ def main() -> None:
     for i, timings in enumerate(result["opens"]):  # type: ignore[arg-type]
         kind = "cold" if i == 0 else "warm"
         print(
-            f"open {i + 1} ({kind}): charts {timings['chartsMs']:.0f} ms, charts + first frames "
+            f"open {i + 1} ({kind}): charts {timings['chartsMs']:.0f} ms (description and episodes "
+            f"{timings['describedMs']:.0f} ms, rows {timings['rowsMs']:.0f} ms), charts + first frames "
             f"{timings['openMs']:.0f} ms ({timings['sinceNavigationMs']:.0f} ms since the page began to load)"
         )
     moves = result["cursor_to_frame_ms"]

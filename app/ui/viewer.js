@@ -341,6 +341,7 @@
     }
     const episode = Number(episodeText);
     const [info, episodes] = await Promise.all([datasetInfo(id), episodeList(id)]);
+    const described = performance.now() - started;
     const entry = episodes.find((e) => e.episode_index === episode);
     if (!entry) {
       const range = info.episode_range ? ` (its episodes are ${info.episode_range[0]}–${info.episode_range[1]})` : "";
@@ -366,7 +367,7 @@
       frameCache: new Map(),
       inFlight: false,
       playing: false,
-      timings: {},
+      timings: { describedMs: described },
     };
     view.episodeQuery = episodeQuery(info, view);
     viewer.view = view;
@@ -398,7 +399,9 @@
     let table = null;
     if (columns.length) {
       const query = `${episodeQuery(info, view)}columns=${columns.map(encodeURIComponent).join(",")}`;
+      const asked = performance.now();
       table = await api(`${datasetPath(view.dataset)}/rows?${query}`, { arrow: true });
+      view.timings.rowsMs = performance.now() - asked; // request, transfer and Arrow decoding
     }
     if (view !== viewer.view) return;
     view.x = hasTimestamp
