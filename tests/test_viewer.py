@@ -247,7 +247,7 @@ def test_generic_dataset_charts_its_numeric_columns_with_nulls_as_gaps(
 
 @pytest.mark.parametrize("dataset", ["cams-v3", "cams-v21"])
 def test_cursor_moves_the_frames_and_the_chart_marker_together(
-    page: Any, viewer_server: ServerProcess, dataset: str
+    page: Any, viewer_server: ServerProcess, video_root: Path, dataset: str
 ) -> None:
     episode = 2
     open_viewer(page, viewer_server, f"#dataset={dataset}&episode={episode}")
@@ -275,6 +275,10 @@ def test_cursor_moves_the_frames_and_the_chart_marker_together(
     assert left > left_at_start
     assert left == pytest.approx(left_at_start + plot_width * (x[18] - x[0]) / (x[-1] - x[0]), abs=1.5)
     assert page.inner_text("#position").startswith("frame 18 / ")
+    # The legends show the values at the cursor.
+    row = oracle(video_root / dataset, [episode]).slice(18, 1)
+    legend = page.locator(".chart[data-feature='action'] .u-legend .u-value").all_inner_texts()
+    assert legend == [f"{row['timestamp'][0].as_py():.3f}", *(f"{v:.4f}" for v in row["action"][0].as_py())]
 
 
 def test_parquet_image_column_is_drawn_as_stored(page: Any, viewer_server: ServerProcess, video_root: Path) -> None:

@@ -496,7 +496,10 @@
   }
 
   function moveMarkers(view) {
-    for (const entry of view.plots) placeMarker(view, entry);
+    for (const entry of view.plots) {
+      placeMarker(view, entry);
+      entry.plot.setLegend({ idx: view.cursor }); // the legend shows the values at the cursor
+    }
   }
 
   function placeMarker(view, { plot, marker }) {
