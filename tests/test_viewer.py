@@ -110,8 +110,10 @@ def page(browser: Any) -> Iterator[Any]:
 
 
 def open_viewer(page: Any, server: ServerProcess, fragment: str = "") -> None:
+    """Go to the viewer at `fragment` and wait until that view has rendered (or shown its message)."""
     page.goto(f"{server.url}/ui/{fragment}")
-    page.wait_for_function("window.episerveViewer && window.episerveViewer.ready", timeout=60_000)
+    rendered = "v && v.ready && (!v.route || v.route.hash === location.hash)"  # no route: the libraries are missing
+    page.wait_for_function(f"(() => {{ const v = window.episerveViewer; return {rendered}; }})()", timeout=60_000)
 
 
 def viewer_state(page: Any, expression: str) -> Any:
@@ -293,6 +295,23 @@ def test_parquet_image_column_is_drawn_as_stored(page: Any, viewer_server: Serve
         expected = np.asarray(image.convert("RGB"))
     shown = canvas_pixels(page, "observation.image")
     assert (shown[..., :3] == expected).all()
+
+
+def test_previous_and_next_episode_links_open_the_neighbouring_episodes(
+    page: Any, viewer_server: ServerProcess, video_root: Path
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v21&episode=0")
+    assert page.locator("#previous-episode").is_hidden()
+    page.click("#next-episode")
+    page.wait_for_function("window.episerveViewer.ready && window.episerveViewer.view?.episode === 1")
+    expected = oracle(video_root / "cams-v21", [1])
+    assert viewer_state(page, "v.view.x") == expected["timestamp"].to_pylist()
+    assert viewer_state(page, "v.view.shownFrame") == 0
+    assert page.locator(".chart").count() == 2  # the previous episode's charts are gone
+    page.click("#previous-episode")
+    page.wait_for_function("window.episerveViewer.ready && window.episerveViewer.view?.episode === 0")
+    open_viewer(page, viewer_server, "#dataset=cams-v21&episode=8")
+    assert page.locator("#next-episode").is_hidden() and page.inner_text("#previous-episode") == "\u2190 episode 7"
 
 
 def test_play_advances_the_cursor_at_the_datasets_fps_and_pause_stops_it(

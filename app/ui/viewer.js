@@ -376,6 +376,16 @@
     $("episode-summary").textContent =
       `${number(view.length)} frames at ${view.fps} fps (${(view.length / view.fps).toFixed(2)} s)` +
       (view.tasks.length ? ` · task: ${view.tasks.join("; ")}` : "");
+    const position = episodes.indexOf(entry);
+    const neighbours = { "previous-episode": episodes[position - 1], "next-episode": episodes[position + 1] };
+    for (const [anchorId, neighbour] of Object.entries(neighbours)) {
+      const anchor = $(anchorId);
+      anchor.hidden = !neighbour;
+      if (!neighbour) continue;
+      anchor.href = hashFor({ dataset: id, episode: neighbour.episode_index });
+      const label = `episode ${neighbour.episode_index}`;
+      anchor.textContent = anchorId === "next-episode" ? `${label} →` : `← ${label}`;
+    }
     setUpPlayer(view);
     setUpCameras(view);
     const firstFrames = pumpFrames(view);
@@ -637,7 +647,7 @@
     const params = new URLSearchParams(location.hash.slice(1));
     const dataset = params.get("dataset");
     const episode = params.get("episode");
-    viewer.route = { dataset, episode };
+    viewer.route = { dataset, episode, hash: location.hash };
     viewer.ready = false;
     clearMessage();
     try {
