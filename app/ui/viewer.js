@@ -246,6 +246,9 @@
 
   async function showCatalog() {
     crumbs([]);
+    // Fresh descriptions (cache state moves); a dataset's views reuse them until the catalog is shown again.
+    viewer.infos.clear();
+    viewer.episodeLists.clear();
     show("catalog-view");
     const body = await api("datasets");
     viewer.datasets = body.datasets;
@@ -373,8 +376,11 @@
     viewer.view = view;
     show("episode-view");
     $("episode-title").textContent = `${id} · episode ${episode}`;
+    const rate = info.fps
+      ? `at ${view.fps} fps (${(view.length / view.fps).toFixed(2)} s)`
+      : `(the dataset records no fps: played at ${view.fps} fps)`;
     $("episode-summary").textContent =
-      `${number(view.length)} frames at ${view.fps} fps (${(view.length / view.fps).toFixed(2)} s)` +
+      `${number(view.length)} frames ${rate}` +
       (view.tasks.length ? ` · task: ${view.tasks.join("; ")}` : "");
     const position = episodes.indexOf(entry);
     const neighbours = { "previous-episode": episodes[position - 1], "next-episode": episodes[position + 1] };
