@@ -66,9 +66,11 @@ def test_serve_without_roots_serves_the_demo_dataset(tmp_path: Path) -> None:
     server = ServerProcess([], tmp_path / "cache", workers=2)
     server.start(timeout=180)  # each worker may encode the demo's camera videos before the first answer
     try:
-        listing = httpx.get(f"{server.url}/datasets").json()["datasets"]
-        assert [(d["id"], d["format"], d["episodes"]) for d in listing] == [("demo", "lerobot-v3.0", 200)]
-        rows = read_stream(httpx.get(f"{server.url}/datasets/demo/rows", params={"episodes": "9,4"}).content)
+        # The other worker may still be writing its copy of the demo when the first answers: wait for it.
+        with httpx.Client(base_url=server.url, timeout=180) as http:
+            listing = http.get("/datasets").json()["datasets"]
+            assert [(d["id"], d["format"], d["episodes"]) for d in listing] == [("demo", "lerobot-v3.0", 200)]
+            rows = read_stream(http.get("/datasets/demo/rows", params={"episodes": "9,4"}).content)
     finally:
         server.stop()
     demo = tmp_path / "cache" / "demo-root" / "demo"
