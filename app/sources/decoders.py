@@ -14,10 +14,11 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from app.sources.files import DatasetPath, close_video, open_video
 
 DEFAULT_CAPACITY = 4
 UNKNOWN_GOP_FRAMES = 10  # until keyframes have been seen, assume one every so many frames
@@ -26,12 +27,17 @@ UNKNOWN_GOP_FRAMES = 10  # until keyframes have been seen, assume one every so m
 class OpenDecoder:
     """One open video file and where its decoding stands: the last frame decoded, and the frames after it."""
 
-    def __init__(self, path: Path, identity: tuple[int, ...]) -> None:
+    def __init__(self, path: DatasetPath, identity: tuple[int, ...]) -> None:
         import av  # the server's only video dependency, loaded when a camera is first read
 
         self.path = path
         self.identity = identity
-        self.container: Any = av.open(str(path))
+        self._opened = open_video(path)
+        try:
+            self.container: Any = av.open(self._opened)
+        except BaseException:
+            close_video(self._opened)
+            raise
         self.stream: Any = self.container.streams.video[0]
         self.stream.thread_type = "AUTO"
         self.time_base = self.stream.time_base
@@ -107,6 +113,7 @@ class OpenDecoder:
     def close(self) -> None:
         self._frames, self._last = None, None
         self.container.close()
+        close_video(self._opened)
 
 
 class DecoderPool:
@@ -121,7 +128,7 @@ class DecoderPool:
         os.register_at_fork(after_in_child=self._forget_parents)
 
     @contextmanager
-    def checkout(self, path: Path, first: float = 0.0, frame_s: float = 0.1) -> Iterator[OpenDecoder]:
+    def checkout(self, path: DatasetPath, first: float = 0.0, frame_s: float = 0.1) -> Iterator[OpenDecoder]:
         """A decoder of `path` for this thread alone, for a read starting at time `first`: an idle one of the same
         file version (one that decodes on to `first` without a seek if there is one), or a new one. A decoder that
         raised is closed rather than returned (its position is unknown)."""
@@ -145,7 +152,7 @@ class DecoderPool:
         for decoder in idle:
             decoder.close()
 
-    def _take(self, path: Path, identity: tuple[int, ...], first: float, frame_s: float) -> OpenDecoder | None:
+    def _take(self, path: DatasetPath, identity: tuple[int, ...], first: float, frame_s: float) -> OpenDecoder | None:
         stale: list[OpenDecoder] = []
         with self._lock:
             same_file = [d for d in reversed(self._idle.values()) if d.path == path]
@@ -175,7 +182,7 @@ class DecoderPool:
         self._idle = OrderedDict()
 
 
-def _identity(path: Path) -> tuple[int, ...]:
+def _identity(path: DatasetPath) -> tuple[int, ...]:
     """Which version of the file this is (a rewritten file is another decoder)."""
     stat = path.stat()
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -429,7 +429,7 @@ class SegmentStore:
             sidecar = orjson.loads(paths.sidecar.read_bytes())
         except (OSError, ValueError):
             return None
-        expected = {"format": SEGMENT_FORMAT, "source": asdict(source), "schema_hash": schema_hash(schema)}
+        expected = {"format": SEGMENT_FORMAT, "source": source.to_dict(), "schema_hash": schema_hash(schema)}
         if any(sidecar.get(k) != v for k, v in expected.items()):
             return None
         return sidecar
@@ -462,7 +462,7 @@ class SegmentStore:
             fsync_directory(self.directory)
             sidecar = {
                 "format": SEGMENT_FORMAT,
-                "source": asdict(source),
+                "source": source.to_dict(),
                 "schema_hash": schema_hash(schema),
                 "rows": rows,
                 "bytes": nbytes,
@@ -517,6 +517,9 @@ class SegmentStore:
         except (OSError, pa.ArrowException) as exc:
             tmp.unlink(missing_ok=True)
             raise DatasetError(f"cannot convert {Path(rel).name!r}: {exc}") from exc
+        except BaseException:  # e.g. the object store failing mid-read: never leave a partial segment behind
+            tmp.unlink(missing_ok=True)
+            raise
         return rows, nbytes, checksum
 
     def _source_files(self) -> Source:
