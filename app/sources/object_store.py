@@ -98,6 +98,13 @@ class ObjectStore:
             raise DatasetError(f"dataset root {uri!r} names no bucket (expected s3://bucket/prefix)")
         root = RemotePath(self, key, key)
         self.listing(key, strict=True)
+        bucket = key.split("/", 1)[0]
+        try:
+            found = self.fs.get_file_info(bucket).type != fs.FileType.NotFound
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot look up bucket {bucket!r}: {_reason(exc)}") from exc
+        if not found:
+            raise ObjectStoreError(f"bucket {bucket!r} does not exist")
         return root
 
     def listing(self, root: str, strict: bool = False) -> _Listing:
@@ -176,6 +183,9 @@ class RemotePath:
 
     def __hash__(self) -> int:
         return hash(self.key)
+
+    def __lt__(self, other: RemotePath) -> bool:
+        return self.key < other.key
 
     def __truediv__(self, rel: str | PurePosixPath) -> RemotePath:
         return RemotePath(self.store, self.root, f"{self.key}/{PurePosixPath(rel).as_posix()}")

@@ -104,9 +104,14 @@ class ParquetSource:
 
     def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
         with opened_parquet(self.root / rel) as handle:
-            parquet = _parquet_file(self.root, handle)
-            batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
-            for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=False):
+            if is_remote_path(self.root):
+                parquet = pq.ParquetFile(handle, pre_buffer=True)
+                batches = _batches_by_row_group(parquet, _rows_per_batch(parquet.metadata, batch_bytes))
+            else:
+                parquet = pq.ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)
+                batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
+                batches = parquet.iter_batches(batch_size=batch_rows, use_threads=False)
+            for batch in batches:
                 yield conform_batch(batch, schema)
 
     def row_groups(self, rel: str) -> ParquetRowGroups:
@@ -172,12 +177,44 @@ def parquet_column_names(path: DatasetPath) -> list[str]:
         return pq.read_schema(handle).names
 
 
-def _parquet_file(root: DatasetPath, handle: Any) -> pq.ParquetFile:
-    """A parquet file opened for a streaming read. From an object store, each row group's column chunks are
-    fetched in one coalesced ranged GET (lazily, as the row group is reached); locally, through a 1 MiB buffer."""
-    if is_remote_path(root):
-        return pq.ParquetFile(handle, pre_buffer=True)
-    return pq.ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)
+def _batches_by_row_group(parquet: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Every row of an object's parquet file in batches of `batch_rows`, read row group by row group: each row
+    group's column chunks arrive in one coalesced ranged GET and are let go once decoded, so memory holds about one
+    row group and one batch (pre-buffering the whole file at once would hold all of it). The batches are cut
+    exactly as a local file's `iter_batches` cuts them (across row groups), so a segment built from the store is
+    byte for byte the one built from a local copy."""
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    for group in range(parquet.num_row_groups):
+        for piece in parquet.iter_batches(batch_size=batch_rows, row_groups=[group], use_threads=False):
+            pending.append(piece)
+            pending_rows += piece.num_rows
+            while pending_rows >= batch_rows:
+                taken, rest = _split_rows(pending, batch_rows)
+                yield _one_batch(taken)
+                pending, pending_rows = rest, pending_rows - batch_rows
+    if pending_rows:
+        yield _one_batch(pending)
+
+
+def _split_rows(batches: list[pa.RecordBatch], rows: int) -> tuple[list[pa.RecordBatch], list[pa.RecordBatch]]:
+    """The first `rows` rows of `batches`, and the rest (zero-copy slices)."""
+    taken: list[pa.RecordBatch] = []
+    for number, batch in enumerate(batches):
+        if batch.num_rows >= rows:
+            taken.append(batch.slice(0, rows))
+            rest = [batch.slice(rows)] if batch.num_rows > rows else []
+            return taken, rest + batches[number + 1 :]
+        taken.append(batch)
+        rows -= batch.num_rows
+    return taken, []
+
+
+def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    combined = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return combined[0] if combined else batches[0].slice(0, 0)
 
 
 def _rows_per_batch(metadata: pq.FileMetaData, batch_bytes: int) -> int:
