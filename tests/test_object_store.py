@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -434,3 +435,67 @@ def test_demo_written_and_uploaded_is_served_like_local(s3: S3Server, tmp_path: 
         assert [d["id"] for d in http.get("/datasets").json()["datasets"]] == ["solo"]
         body = http.get("/datasets/solo/rows", params={"episodes": "4,1"}).content
         assert_tables_equal(read_stream(body), oracle(tmp_path / "solo", [1, 4]))
+
+
+# -- memory ---------------------------------------------------------------------------------------------------------
+
+
+def _rss_anon(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def _build_growth(server: ServerProcess, dataset_id: str) -> tuple[int, pa.Table]:
+    """Peak growth of the server's RssAnon while a request builds the dataset's one segment, and its rows."""
+    with _client(server) as http:
+        assert http.get(f"/datasets/{dataset_id}").status_code == 200  # index loaded: only the build remains
+        pids = server.pids()
+        base = peak = _rss_anon(pids)
+        done = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, _rss_anon(pids))
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            response = http.get(f"/datasets/{dataset_id}/rows", params={"episodes": "0-4"})
+        finally:
+            done.set()
+            sampler.join()
+        assert response.status_code == 200, response.text
+    return peak - base, read_stream(response.content)
+
+
+def test_peak_memory_of_a_build_from_the_store_stays_within_the_local_builds(s3: S3Server, tmp_path: Path) -> None:
+    rows = 400_000
+    rng = np.random.default_rng(5)
+    table = pa.table(
+        {
+            "episode_index": np.repeat(np.arange(100), rows // 100),
+            "observation.state": pa.FixedSizeListArray.from_arrays(
+                pa.array(rng.random(rows * 24, dtype=np.float32)), 24
+            ),
+        }
+    )
+    local_root = tmp_path / "local"
+    (local_root / "wide").mkdir(parents=True)
+    pq.write_table(table, local_root / "wide" / "part-0.parquet", row_group_size=8_000)  # ~40 MB, 50 row groups
+    s3.upload(local_root / "wide", "memory/wide")
+    env = {"EPISERVE_COLD_READ_BYTES": "0"}  # the request waits for the build
+    with ServerProcess([local_root], tmp_path / "cache-local", env=env) as local:
+        local_growth, local_rows = _build_growth(local, "wide")
+    with ServerProcess([f"s3://{BUCKET}/memory"], tmp_path / "cache-s3", env=s3.env(**env)) as remote:
+        remote_growth, remote_rows = _build_growth(remote, "wide")
+    print(f"build growth: local {local_growth / 1e6:.1f} MB, store {remote_growth / 1e6:.1f} MB")
+    assert remote_rows.equals(local_rows)
+    assert remote_growth <= 1.25 * local_growth + 32e6, (remote_growth / 1e6, local_growth / 1e6)
+    assert remote_growth < 256e6
