@@ -68,6 +68,7 @@ def _hf_load_s3(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     from bench.peers import hf
 
     hf.configure_offline(Path(args["hf_home"]))
+    os.environ["HF_DATASETS_OFFLINE"] = "0"  # the files are in the bucket on loopback; the Hub stays offline
     import datasets
     import pyarrow.dataset as pads
 
