@@ -397,6 +397,52 @@ def test_an_unreachable_store_or_missing_bucket_stops_the_server_at_startup_with
         assert "AWS_ENDPOINT_URL_S3" in result.stderr
 
 
+def test_wrong_credentials_stop_the_server_at_startup_naming_the_store_s_refusal(tmp_path: Path) -> None:
+    port = free_port()
+    store = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=os.environ | {"INITIAL_NO_AUTH_ACTION_COUNT": "0"},  # moto then checks every request's credentials
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=1.0)
+                break
+            time.sleep(0.1)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("EPISERVE_", "AWS_"))}
+        env |= CREDENTIALS | {
+            "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0",
+            "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
+        }
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "warm",
+                "x",
+                "--root",
+                f"s3://{BUCKET}/data",
+                "--cache-dir",
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        store.terminate()
+        store.wait(timeout=15)
+    assert result.returncode == 2, result.stderr
+    assert f"dataset root s3://{BUCKET}/data: cannot list" in result.stderr
+    assert "access key id you provided does not exist" in result.stderr.lower()
+
+
 def test_listings_are_cached_for_the_ttl(s3: S3Server, datasets_root: Path) -> None:
     s3.upload(datasets_root / "plain", "ttl/plain")
     with _environment(s3.env()):
