@@ -6,11 +6,13 @@ through pyarrow's S3 filesystem, with ranged GETs, so a parquet file is read foo
 group, and a video by the byte ranges its decoder asks for: nothing is downloaded whole.
 
 Every question about which objects exist and what they are (size, modification time) is answered from one
-recursive listing of the root, taken at most once every `EPISERVE_REMOTE_LIST_TTL` seconds: requests never list
-the bucket. When the store cannot be listed, the last listing keeps being used (cached segments keep serving) and
-the store is asked again one TTL later. Endpoint, region and credentials come from the standard AWS environment and
-configuration (`AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` for S3-compatible stores, `AWS_REGION`,
-`AWS_ACCESS_KEY_ID`..., `~/.aws/`), as for any AWS tool.
+recursive listing of the root, renewed in the background once it is `EPISERVE_REMOTE_LIST_TTL` seconds old: requests
+never list the bucket, nor wait for a listing. When the store cannot be listed, the last listing keeps being used
+(cached segments keep serving) and the store is asked again one TTL later.
+
+Endpoint, region and credentials come from the standard AWS environment and configuration (`AWS_ENDPOINT_URL_S3`
+or `AWS_ENDPOINT_URL` for S3-compatible stores, `AWS_REGION`, `AWS_ACCESS_KEY_ID`..., `~/.aws/`), as for any AWS
+tool.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class ObjectStore:
         self.options = options
         self._lock = threading.Lock()
         self._listings: dict[str, _Listing] = {}
+        self._renewing: set[str] = set()
 
     @classmethod
     def from_environment(cls, options: StoreOptions) -> ObjectStore:
@@ -108,23 +111,39 @@ class ObjectStore:
         return root
 
     def listing(self, root: str, strict: bool = False) -> _Listing:
-        """The objects below `root`, listed at most once per TTL; the previous listing while the store cannot be
-        listed (`strict`: raise instead, e.g. at startup)."""
+        """The objects below `root`. A listing older than the TTL is renewed in the background while this one is
+        still answered (stale while revalidating), so no request, on the event loop or off it, ever waits for the
+        store to list; only the first listing of a root (`strict`, at startup) is taken in the caller's thread,
+        and raises when the store cannot be listed."""
         with self._lock:
             listing = self._listings.get(root)
-            now = time.monotonic()
-            if listing is not None and now - listing.taken_at < self.options.list_ttl_s:
+            if listing is not None and not strict:
+                if time.monotonic() - listing.taken_at >= self.options.list_ttl_s and root not in self._renewing:
+                    self._renewing.add(root)
+                    threading.Thread(target=self._renew, args=(root,), name="episerve-list", daemon=True).start()
                 return listing
-            try:
-                fresh = _Listing.of(self.fs, root, now)
-            except OSError as exc:
-                if listing is None or strict:
-                    raise ObjectStoreError(f"cannot list {SCHEME}{root}: {_reason(exc)}") from exc
-                log.warning("cannot list %s%s (serving what is cached): %s", SCHEME, root, _reason(exc))
-                listing.taken_at = now  # ask again one TTL later, not on every request
-                return listing
+        try:
+            fresh = _Listing.of(self.fs, root, time.monotonic())
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot list {SCHEME}{root}: {_reason(exc)}") from exc
+        with self._lock:
             self._listings[root] = fresh
-            return fresh
+        return fresh
+
+    def _renew(self, root: str) -> None:
+        """Take a new listing of `root`; when the store cannot be listed, keep the last one (what is cached keeps
+        serving) and try again one TTL later."""
+        try:
+            fresh = _Listing.of(self.fs, root, time.monotonic())
+        except OSError as exc:
+            log.warning("cannot list %s%s (serving what is cached): %s", SCHEME, root, _reason(exc))
+            with self._lock:
+                self._listings[root].taken_at = time.monotonic()
+                self._renewing.discard(root)
+            return
+        with self._lock:
+            self._listings[root] = fresh
+            self._renewing.discard(root)
 
     def open_input_file(self, key: str) -> Any:
         """A seekable, random-access pyarrow file over the object (ranged GETs; the HEAD is done here)."""
