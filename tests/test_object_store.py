@@ -304,6 +304,36 @@ def test_deleted_objects_keep_cached_episodes_serving_and_uncached_ones_answer_5
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
 
 
+def test_while_the_store_is_down_cached_episodes_are_served_and_the_rest_answer_503_until_it_is_back(
+    s3: S3Server, datasets_root: Path, tmp_path: Path
+) -> None:
+    prefix = "outage"
+    dataset = datasets_root / "lerobot" / "demo-v3"
+    s3.upload(dataset, f"{prefix}/demo-v3")
+    env = s3.env(EPISERVE_COLD_READ_BYTES=0, EPISERVE_REMOTE_ATTEMPTS=2, EPISERVE_REMOTE_TIMEOUT_S=2)
+    with ServerProcess([f"s3://{BUCKET}/{prefix}"], tmp_path / "cache", env=env) as server, _client(server) as http:
+        warm = http.get("/datasets/demo-v3/rows", params={"episodes": "0-2"})
+        assert warm.status_code == 200
+        s3.stop()
+        try:
+            time.sleep(2 * TTL)
+            for _ in range(3):  # the listing's renewal fails meanwhile: the last one keeps answering
+                cached = http.get("/datasets/demo-v3/rows", params={"episodes": "0-2"})
+                assert cached.status_code == 200
+                assert cached.content == warm.content
+            started = time.monotonic()
+            missing = http.get("/datasets/demo-v3/rows", params={"episodes": "59"})
+            assert time.monotonic() - started < 20  # bounded retries, no hang
+            assert missing.status_code == 503
+            assert f"s3://{BUCKET}/{prefix}/demo-v3/data/" in missing.json()["detail"]
+        finally:
+            s3.start()
+        back = http.get("/datasets/demo-v3/rows", params={"episodes": "59"})
+        assert back.status_code == 200, back.text
+        assert_tables_equal(read_stream(back.content), oracle(dataset, [59]))
+    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
 def test_a_store_stopped_mid_build_leaves_no_segment_and_the_next_build_is_correct(
     s3: S3Server, tmp_path: Path
 ) -> None:
