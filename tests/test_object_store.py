@@ -24,6 +24,7 @@ from app.demo import write_demo_dataset
 from app.settings import Settings
 from app.sources.object_store import ObjectStore, StoreOptions
 from app.store.catalog import Catalog, ConfigurationError, locate_roots
+from app.store.segments import SourceChanged
 from tests.support import ROOT, ServerProcess, assert_tables_equal, free_port, oracle, read_stream
 
 moto_server = pytest.importorskip("moto.server", reason="moto (a dev dependency) runs the S3 server of these tests")
@@ -384,6 +385,25 @@ def test_a_store_stopped_mid_build_leaves_no_segment_and_the_next_build_is_corre
         segment = dataset.build(0)
         built = pa.Table.from_batches(segment.batches)
         assert built.equals(table.cast(built.schema))
+
+
+def test_an_object_replaced_since_its_fingerprint_is_never_built_under_the_old_one(
+    s3: S3Server, datasets_root: Path, tmp_path: Path
+) -> None:
+    s3.upload(datasets_root / "nullable", "replaced/nullable")
+    settings = Settings(roots=[f"s3://{BUCKET}/replaced"], cache_dir=tmp_path / "cache", remote_list_ttl=600)
+    with _environment(s3.env()):
+        dataset = Catalog(settings, locate_roots(settings, settings.roots)).get("nullable")
+        fingerprint = dataset.index().files[0]
+        assert fingerprint.etag
+        table = pq.read_table(datasets_root / "nullable" / "part-0.parquet")
+        pq.write_table(table.slice(0, 6), tmp_path / "part-0.parquet")
+        s3.client().upload_file(str(tmp_path / "part-0.parquet"), BUCKET, "replaced/nullable/part-0.parquet")
+        # The listing (kept for 10 minutes) still shows the old object; opening it reveals the new ETag.
+        with pytest.raises(SourceChanged, match="was replaced"):
+            dataset.build(0)
+    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.arrow"))
+    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
 
 
 @contextlib.contextmanager

@@ -18,7 +18,14 @@ import pyarrow.parquet as pq
 from app.errors import DatasetError, InvalidInput
 from app.sources.files import DatasetPath, is_remote_path, opened_etag, opened_parquet, parquet_input
 from app.sources.json_files import read_json
-from app.sources.source import DatasetInfo, EpisodeClip, EpisodeRun, SourceFingerprint, conform_batch
+from app.sources.source import (
+    DatasetInfo,
+    EpisodeClip,
+    EpisodeRun,
+    SourceFingerprint,
+    SourceReplaced,
+    conform_batch,
+)
 
 GENERIC_SETTINGS = Path("episerve.json")
 _MAX_BATCH_ROWS = 65_536
@@ -102,8 +109,11 @@ class ParquetSource:
         bounds = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1, [len(ids)]))
         return [EpisodeRun(int(ids[a]), number, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
-    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
         with opened_parquet(self.root / rel) as handle:
+            found = opened_etag(handle)
+            if etag and found and found != etag:
+                raise SourceReplaced(f"{self.root / rel} was replaced (ETag {found}, fingerprinted {etag})")
             if is_remote_path(self.root):
                 parquet = pq.ParquetFile(handle, pre_buffer=True)
                 batches = _batches_by_row_group(parquet, _rows_per_batch(parquet.metadata, batch_bytes))

@@ -213,8 +213,9 @@ class Source(Protocol):
         """Episode runs of file `number`, found by reading only its episode `column`."""
         ...
 
-    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
-        """Every row of the file in stored order, as batches of about `batch_bytes` conformed to `schema`."""
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
+        """Every row of the file in stored order, as batches of about `batch_bytes` conformed to `schema`. With an
+        `etag` (objects in a store), `SourceReplaced` if the object opened is no longer that version."""
         ...
 
     def row_groups(self, rel: str) -> RowGroups:
@@ -224,6 +225,11 @@ class Source(Protocol):
     def episode_clip(self, key: str, episode: int) -> EpisodeClip:
         """Where camera `key`'s frames of `episode` are (formats with `info.videos` only)."""
         ...
+
+
+class SourceReplaced(DatasetError):
+    """The object read is not the version that was fingerprinted (re-uploaded since): nothing read from it may be
+    kept under the old fingerprint."""
 
 
 def schema_hash(schema: pa.Schema) -> str:

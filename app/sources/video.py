@@ -184,8 +184,8 @@ class CameraFiles:
             return super().fingerprint(rel)  # type: ignore[misc]
         return video_fingerprint(self.root, rel, camera), frame_schema(camera)
 
-    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
         camera = self.camera_of(rel)
         if camera is None:
-            return super().read_batches(rel, schema, batch_bytes)  # type: ignore[misc]
+            return super().read_batches(rel, schema, batch_bytes, etag)  # type: ignore[misc]
         return iter_frames(self.root, rel, camera, batch_bytes)

@@ -39,6 +39,7 @@ from filelock import FileLock, Timeout
 from app import metrics
 from app.errors import DatasetError
 from app.sources import Source, SourceFingerprint, schema_hash
+from app.sources.source import SourceReplaced
 from app.store.atomic_files import fsync_directory, write_atomically
 
 SEGMENT_FORMAT = 2
@@ -448,7 +449,7 @@ class SegmentStore:
             log.info("building segment %s from %s (%d rows)", paths.arrow.name, source.path, source.rows)
             state = self.building[source.path] = BuildProgress(source.path, source.rows, started=time.time())
             try:
-                rows, nbytes, checksum = self._write_segment(source.path, paths.tmp, schema, state, progress)
+                rows, nbytes, checksum = self._write_segment(source, paths.tmp, schema, state, progress)
             finally:
                 self.building.pop(source.path, None)
             try:
@@ -491,17 +492,18 @@ class SegmentStore:
 
     def _write_segment(
         self,
-        rel: str,
+        source: SourceFingerprint,
         tmp: Path,
         schema: pa.Schema,
         state: BuildProgress,
         progress: ProgressCallback | None,
     ) -> tuple[int, int, str]:
         """Stream the source file into an uncompressed Arrow IPC file; return rows, bytes, checksum."""
+        rel = source.path
         try:
             rows = 0
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                for batch in self._source_files().read_batches(rel, schema, self.batch_bytes):
+                for batch in self._source_files().read_batches(rel, schema, self.batch_bytes, source.etag):
                     writer.write_batch(batch)
                     rows += batch.num_rows
                     state.rows_done, state.bytes_done = rows, sink.tell()
@@ -517,6 +519,9 @@ class SegmentStore:
         except (OSError, pa.ArrowException) as exc:
             tmp.unlink(missing_ok=True)
             raise DatasetError(f"cannot convert {Path(rel).name!r}: {exc}") from exc
+        except SourceReplaced as exc:
+            tmp.unlink(missing_ok=True)
+            raise SourceChanged(exc.detail) from exc
         except BaseException:  # e.g. the object store failing mid-read: never leave a partial segment behind
             tmp.unlink(missing_ok=True)
             raise
