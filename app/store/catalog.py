@@ -17,6 +17,7 @@ from pathlib import Path
 from app.errors import DatasetError, DoesNotExist, InvalidInput
 from app.settings import Settings
 from app.sources import DatasetPath, is_dataset_dir, is_dataset_root
+from app.sources.decoders import DecoderPool
 from app.sources.object_store import ObjectStore, StoreOptions
 from app.store.dataset import Dataset
 from app.store.frame_budget import FrameBudget
@@ -78,6 +79,7 @@ class Catalog:
         self.roots = roots
         self.lru = SegmentLRU(settings.max_open_segments)
         self.frame_budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, self.lru)
+        self.decoders = DecoderPool(settings.video_decoders)
         self._lock = threading.Lock()
         self._paths: dict[str, DatasetPath] = {}
         self._datasets: dict[str, Dataset] = {}
@@ -130,6 +132,7 @@ class Catalog:
                     self.lru,
                     self.settings,
                     self.frame_budget,
+                    self.decoders,
                 )
                 self._datasets[dataset_id] = dataset
             return dataset
