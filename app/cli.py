@@ -76,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_location_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--root", action="append", type=Path, help="dataset root (repeatable; EPISERVE_ROOTS)")
+    parser.add_argument(
+        "--root", action="append", help="dataset root: a directory or s3://bucket/prefix (repeatable; EPISERVE_ROOTS)"
+    )
     parser.add_argument("--cache-dir", type=Path, help="segment cache directory (EPISERVE_CACHE_DIR)")
 
 

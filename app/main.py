@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import anyio
 from fastapi import Depends, FastAPI
@@ -23,7 +22,8 @@ from app.auth import TokenVerifier
 from app.demo import ensure_demo_dataset
 from app.logs import configure_logging
 from app.settings import Settings
-from app.store.catalog import Catalog
+from app.sources import DatasetPath
+from app.store.catalog import Catalog, locate_roots
 from app.store.warming import Warmer
 
 log = logging.getLogger("episerve")
@@ -31,10 +31,11 @@ log = logging.getLogger("episerve")
 DEMO_DATASET_ID = "demo"
 
 
-def resolve_roots(settings: Settings) -> list[Path]:
-    """The configured roots, or the built-in demo dataset's root (generated on first use)."""
+def resolve_roots(settings: Settings) -> list[DatasetPath]:
+    """The configured roots (directories, or `s3://` locations), or the built-in demo dataset's root (generated on
+    first use)."""
     if settings.roots:
-        return settings.roots
+        return locate_roots(settings, settings.roots)
     demo_root = settings.cache_dir / "demo-root"
     ensure_demo_dataset(demo_root / DEMO_DATASET_ID)
     return [demo_root]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -21,9 +22,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EPISERVE_", extra="ignore")
 
-    roots: Annotated[list[Path], NoDecode] = Field(
+    roots: Annotated[list[Path | str], NoDecode] = Field(
         default_factory=list,
-        description="Dataset roots (os.pathsep-separated in the environment). Empty: serve the demo dataset.",
+        description="Dataset roots: directories, or object-store locations `s3://bucket/prefix` (os.pathsep-separated "
+        "in the environment). Empty: serve the demo dataset.",
     )
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Where segment caches live.")
     host: str = "127.0.0.1"
@@ -113,6 +115,23 @@ class Settings(BaseSettings):
         le=256,
         description="Open video decoders kept per process for reads that continue where the last one stopped.",
     )
+    remote_list_ttl: float = Field(
+        30.0,
+        ge=0,
+        description="Seconds an object-store root's listing (which objects exist, their sizes and modification "
+        "times) is reused before the store is listed again: objects added, removed or re-uploaded are noticed "
+        "within this time (plus `rescan_interval_s`).",
+    )
+    remote_attempts: int = Field(
+        3, ge=1, le=20, description="Attempts per object-store request (retried with exponential backoff)."
+    )
+    remote_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Connect timeout, and longest wait for data, of one object-store request; with "
+        "`remote_attempts` it bounds how long a read waits for an unreachable or stalled store before a 503.",
+    )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(
         4 * 1024 * 1024, ge=64 * 1024, description="Target size of one record batch while building a segment."
@@ -129,7 +148,9 @@ class Settings(BaseSettings):
     @classmethod
     def _split_roots(cls, value: object) -> object:
         if isinstance(value, str):
-            return [part for part in value.split(os.pathsep) if part.strip()]
+            # `s3://` keeps its colon: on POSIX, a separator is a colon not followed by `//`.
+            parts = re.split(r":(?!//)", value) if os.pathsep == ":" else value.split(os.pathsep)
+            return [part for part in parts if part.strip()]
         return value
 
     @field_validator("video_cache_size", mode="before")
@@ -156,7 +177,7 @@ class Settings(BaseSettings):
         if value is None:
             return None
         if isinstance(value, list):
-            return [Path(p).expanduser().resolve() for p in value]
+            return [p if isinstance(p, str) and is_remote_root(p) else Path(p).expanduser().resolve() for p in value]
         return Path(value).expanduser().resolve()  # type: ignore[arg-type]
 
     def accepted_tokens(self) -> list[str]:
@@ -166,6 +187,11 @@ class Settings(BaseSettings):
             lines = self.tokens_file.read_text().splitlines()
             tokens += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
         return tokens
+
+
+def is_remote_root(root: str) -> bool:
+    """Whether a configured root names an object-store location (`s3://bucket[/prefix]`) rather than a directory."""
+    return root.startswith("s3://")
 
 
 def parse_frame_sizes(text: str) -> dict[str, tuple[int, int]]:

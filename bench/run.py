@@ -49,9 +49,10 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         p7_windows,
         p8_cold,
         p9_camera,
+        p11_object_store,
     )
 
-    cold = {"P6": p6_build.run, "P8": p8_cold.run, "P4": p4_disk.run}
+    cold = {"P6": p6_build.run, "P8": p8_cold.run, "P11": p11_object_store.run, "P4": p4_disk.run}
     warm = {"P5": p5_memory.run, "P1": p1_stream.run, "P2": p2_take.run, "P3": p3_loader.run, "P7": p7_windows.run}
     own = {"P9": p9_camera.run}
     return cold, warm, own

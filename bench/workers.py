@@ -9,6 +9,7 @@ the highest value seen while the job ran.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -60,6 +61,45 @@ def _hf_load(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     return run
 
 
+def _hf_load_s3(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """HF `datasets` loading the dataset's parquet files (an episode pick) from an S3 bucket through s3fs into an
+    empty cache, then one batch: `load_dataset("parquet", data_files="s3://...", storage_options=...)`."""
+    from bench.datasets import describe
+    from bench.peers import hf
+
+    hf.configure_offline(Path(args["hf_home"]))
+    os.environ["HF_DATASETS_OFFLINE"] = "0"  # the files are in the bucket on loopback; the Hub stays offline
+    import datasets
+    import pyarrow.dataset as pads
+
+    local = describe(Path(args["root"]), args["dataset"])
+    s3 = args["s3"]
+    root = Path(args["root"])
+    files = [f"s3://{s3['bucket']}/{s3['prefix']}/{f.relative_to(root).as_posix()}" for f in local.files]
+    options = {
+        "key": os.environ["AWS_ACCESS_KEY_ID"],
+        "secret": os.environ["AWS_SECRET_ACCESS_KEY"],
+        "client_kwargs": {"endpoint_url": s3["endpoint"], "region_name": os.environ.get("AWS_REGION", "us-east-1")},
+    }
+
+    def run() -> dict[str, Any]:
+        start = time.perf_counter()
+        loaded = datasets.load_dataset(
+            "parquet",
+            data_files=files,
+            split="train",
+            storage_options=options,
+            cache_dir=args["cache_dir"],
+            features=hf._features(local),
+            filters=pads.field("episode_index").isin(list(args["episodes"])),
+        ).with_format("torch")
+        converted = time.perf_counter() - start
+        loaded[args["first_batch"]]
+        return {"seconds": time.perf_counter() - start, "convert_seconds": converted, "rows": len(loaded)}
+
+    return run
+
+
 def _inram(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     from bench.peers.inram import serve_everything
 
@@ -74,6 +114,7 @@ def _inram(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
 JOBS: dict[str, Callable[[dict[str, Any]], Callable[[], dict[str, Any]]]] = {
     "episerve-build": _episerve_build,
     "hf-load": _hf_load,
+    "hf-load-s3": _hf_load_s3,
     "inram": _inram,
 }
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from app.errors import DatasetError
+from app.sources.files import DatasetPath, is_remote_path
 from app.sources.json_files import read_json
 from app.sources.lerobot_v21 import LeRobotV21Source
 from app.sources.lerobot_v30 import LeRobotV30Source
+from app.sources.object_store import RemotePath
 from app.sources.parquet import GENERIC_SETTINGS, ParquetSource, has_parquet_files
 from app.sources.source import DatasetInfo, EpisodeRun, RowGroups, Source, SourceFingerprint, schema_hash
 
 __all__ = [
     "DatasetInfo",
+    "DatasetPath",
     "EpisodeRun",
     "RowGroups",
     "Source",
@@ -33,12 +37,12 @@ __all__ = [
 LEROBOT_INFO = Path("meta/info.json")
 
 
-def is_dataset_dir(path: Path) -> bool:
+def is_dataset_dir(path: DatasetPath) -> bool:
     """A LeRobot dataset (meta/info.json) or a directory with parquet files directly in it or under data/."""
     return (path / LEROBOT_INFO).is_file() or has_parquet_files(path)
 
 
-def is_dataset_root(path: Path) -> bool:
+def is_dataset_root(path: DatasetPath) -> bool:
     """Whether a configured root is itself one dataset: a LeRobot dataset (meta/info.json), or a directory with
     parquet files directly in it. A root holding only a data/ tree stays a root of datasets (the tree is one)."""
     if (path / LEROBOT_INFO).is_file():
@@ -46,10 +50,13 @@ def is_dataset_root(path: Path) -> bool:
     return any(p.suffix == ".parquet" and p.is_file() for p in _safe_iterdir(path))
 
 
-def watched_paths(root: Path) -> list[str]:
+def watched_paths(root: DatasetPath) -> list[Any]:
     """What to stat to notice that a dataset's file set or metadata changed: every directory of its data tree
     (a file added, removed or renamed in a directory moves the directory's mtime), and every metadata file (LeRobot
-    appends to `meta/` files in place). Listed once per index load; checking them is a `stat` each."""
+    appends to `meta/` files in place). Listed once per index load; checking them is a `stat` each. In an object
+    store, the dataset's prefix itself: its listing (cached for `EPISERVE_REMOTE_LIST_TTL`) says it all."""
+    if is_remote_path(root):
+        return [root]
     if (root / LEROBOT_INFO).is_file():
         trees, paths = [(root / "data", False), (root / "meta", True)], [str(root)]
     else:
@@ -63,10 +70,14 @@ def watched_paths(root: Path) -> list[str]:
     return paths
 
 
-def stamp(paths: list[str]) -> tuple[tuple[int, int, int, int] | None, ...]:
-    """(mtime, ctime, size, inode) of each path, None where it is missing."""
-    stamps: list[tuple[int, int, int, int] | None] = []
+def stamp(paths: list[Any]) -> tuple[tuple[int, ...] | None, ...]:
+    """(mtime, ctime, size, inode) of each path, None where it is missing; for an object-store prefix, the
+    signature of its listing."""
+    stamps: list[tuple[int, ...] | None] = []
     for path in paths:
+        if isinstance(path, RemotePath):
+            stamps.append((path.listing_signature(),))
+            continue
         try:
             st = os.stat(path)
         except OSError:
@@ -76,14 +87,14 @@ def stamp(paths: list[str]) -> tuple[tuple[int, int, int, int] | None, ...]:
     return tuple(stamps)
 
 
-def _safe_iterdir(path: Path) -> list[Path]:
+def _safe_iterdir(path: DatasetPath) -> list[Any]:
     try:
         return list(path.iterdir())
     except OSError:
         return []
 
 
-def open_source(root: Path) -> Source:
+def open_source(root: DatasetPath) -> Source:
     """The dataset directory `root` in its format: LeRobot (by `meta/info.json`'s version) or generic parquet."""
     info_path = root / LEROBOT_INFO
     if not info_path.is_file():

@@ -14,10 +14,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from app.sources.files import DatasetPath, close_video, open_video
 
 DEFAULT_CAPACITY = 4
 UNKNOWN_GOP_FRAMES = 10  # until keyframes have been seen, assume one every so many frames
@@ -32,12 +33,17 @@ class OpenDecoder:
     side by side instead). A decoder for runs of consecutive frames (`threaded`) lets FFmpeg pick its threads.
     """
 
-    def __init__(self, path: Path, identity: tuple[int, ...], threaded: bool = False) -> None:
+    def __init__(self, path: DatasetPath, identity: tuple[int, ...], threaded: bool = False) -> None:
         import av  # the server's only video dependency, loaded when a camera is first read
 
         self.path = path
         self.identity = identity
-        self.container: Any = av.open(str(path))
+        self._opened = open_video(path)
+        try:
+            self.container: Any = av.open(self._opened)
+        except BaseException:
+            close_video(self._opened)
+            raise
         self.stream: Any = self.container.streams.video[0]
         if threaded:
             self.stream.thread_type = "AUTO"
@@ -142,6 +148,7 @@ class OpenDecoder:
     def close(self) -> None:
         self._frames, self._last = None, None
         self.container.close()
+        close_video(self._opened)
 
 
 class DecoderPool:
@@ -157,7 +164,7 @@ class DecoderPool:
 
     @contextmanager
     def checkout(
-        self, path: Path, first: float = 0.0, frame_s: float = 0.1, run: bool = False
+        self, path: DatasetPath, first: float = 0.0, frame_s: float = 0.1, run: bool = False
     ) -> Iterator[OpenDecoder]:
         """A decoder of `path` for this thread alone, for a read starting at time `first` (`run`: of consecutive
         frames): an idle one of the same file version (one that decodes on to `first` without a seek if there is
@@ -184,7 +191,7 @@ class DecoderPool:
             decoder.close()
 
     def _take(
-        self, path: Path, identity: tuple[int, ...], first: float, frame_s: float, run: bool
+        self, path: DatasetPath, identity: tuple[int, ...], first: float, frame_s: float, run: bool
     ) -> OpenDecoder | None:
         stale: list[OpenDecoder] = []
         with self._lock:
@@ -217,7 +224,7 @@ class DecoderPool:
         self._idle = OrderedDict()
 
 
-def _identity(path: Path) -> tuple[int, ...]:
+def _identity(path: DatasetPath) -> tuple[int, ...]:
     """Which version of the file this is (a rewritten file is another decoder)."""
     stat = path.stat()
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)

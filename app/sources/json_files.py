@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from app.errors import DatasetError
+from app.sources.files import DatasetPath
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: DatasetPath) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise DatasetError(f"{path}: unreadable JSON ({exc})") from exc
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: DatasetPath) -> list[dict[str, Any]]:
     """Every line of a JSON lines file (none when it does not exist)."""
     if not path.is_file():
         return []

@@ -4,10 +4,10 @@ JSON lines (`meta/tasks.jsonl`, `meta/episodes.jsonl`)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from app.errors import InvalidInput
+from app.sources.files import DatasetPath
 from app.sources.json_files import read_jsonl
 from app.sources.parquet import ParquetSource, parquet_files
 from app.sources.source import DatasetInfo, EpisodeClip, EpisodeRun
@@ -21,7 +21,7 @@ class LeRobotV21Source(CameraFiles, ParquetSource):
     """Episode runs come from the file names: each file is one whole episode."""
 
     @classmethod
-    def open_with(cls, root: Path, info: dict[str, Any], fps: float | None) -> LeRobotV21Source:
+    def open_with(cls, root: DatasetPath, info: dict[str, Any], fps: float | None) -> LeRobotV21Source:
         dataset = DatasetInfo(FORMAT, fps, info, videos=video_features(info))
         dataset.tasks = {int(r["task_index"]): str(r["task"]) for r in read_jsonl(root / "meta/tasks.jsonl")}
         dataset.episode_tasks = {

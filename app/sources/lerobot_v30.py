@@ -4,12 +4,12 @@ parquet (`meta/episodes/*/*.parquet`, with each episode's file and row range) an
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from app.errors import DatasetError, InvalidInput
+from app.sources.files import DatasetPath
 from app.sources.parquet import (
     ParquetSource,
     parquet_column_names,
@@ -29,7 +29,7 @@ class LeRobotV30Source(CameraFiles, ParquetSource):
     """Episode runs come from the episode metadata when it agrees with the files' row counts."""
 
     @classmethod
-    def open_with(cls, root: Path, info: dict[str, Any], fps: float | None) -> LeRobotV30Source:
+    def open_with(cls, root: DatasetPath, info: dict[str, Any], fps: float | None) -> LeRobotV30Source:
         dataset = DatasetInfo(FORMAT, fps, info, videos=video_features(info))
         dataset.tasks = _tasks(root)
         return cls(root, dataset, parquet_files(root, root / "data"))
@@ -104,7 +104,7 @@ class LeRobotV30Source(CameraFiles, ParquetSource):
         return runs
 
 
-def _tasks(root: Path) -> dict[int, str]:
+def _tasks(root: DatasetPath) -> dict[int, str]:
     path = root / "meta/tasks.parquet"
     if not path.is_file():
         return {}

@@ -7,7 +7,6 @@ A generic dataset is any directory of parquet files (directly in it or under `da
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.errors import DatasetError, InvalidInput
+from app.sources.files import DatasetPath, is_remote_path, opened_etag, opened_parquet, parquet_input
 from app.sources.json_files import read_json
-from app.sources.source import DatasetInfo, EpisodeClip, EpisodeRun, SourceFingerprint, conform_batch
+from app.sources.source import (
+    DatasetInfo,
+    EpisodeClip,
+    EpisodeRun,
+    SourceFingerprint,
+    SourceReplaced,
+    conform_batch,
+)
 
 GENERIC_SETTINGS = Path("episerve.json")
 _MAX_BATCH_ROWS = 65_536
@@ -27,13 +34,13 @@ _MAX_BATCH_ROWS = 65_536
 class ParquetSource:
     """A dataset whose data files are parquet; subclasses read a richer format's metadata."""
 
-    def __init__(self, root: Path, info: DatasetInfo, files: list[str]) -> None:
+    def __init__(self, root: DatasetPath, info: DatasetInfo, files: list[str]) -> None:
         self.root = root
         self.info = info
         self.files = files
 
     @classmethod
-    def open(cls, root: Path) -> ParquetSource:
+    def open(cls, root: DatasetPath) -> ParquetSource:
         """A generic dataset: parquet files below `root`, settings from its optional `episerve.json`."""
         info = DatasetInfo(format="parquet")
         settings_path = root / GENERIC_SETTINGS
@@ -55,26 +62,37 @@ class ParquetSource:
         path = self.root / rel
         try:
             stat = path.stat()
-            meta = pq.read_metadata(path)
+            with opened_parquet(path) as handle:
+                meta = pq.read_metadata(handle)
+                etag = opened_etag(handle)
             schema = meta.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as exc:
             raise DatasetError(f"source file {rel!r} is unreadable: {exc}") from exc
-        return SourceFingerprint.of(rel, stat, meta.num_rows, schema), schema
+        return SourceFingerprint.of(rel, stat, meta.num_rows, schema, etag), schema
 
     def is_unchanged(self, source: SourceFingerprint) -> bool:
         try:
-            return source.same_file(os.stat(os.path.join(self.root, source.path)))
+            return source.same_file((self.root / source.path).stat())
+        except FileNotFoundError:
+            # An object deleted from a store leaves its built segment serving (on a node, the cache is the copy
+            # that counts); a request for rows not cached yet gets a 503 naming the object. A deleted local file
+            # is a change.
+            return is_remote_path(self.root)
         except OSError:
             return False
 
     def schema(self, rel: str) -> pa.Schema:
-        return pq.read_schema(self.root / rel)
+        with opened_parquet(self.root / rel) as handle:
+            return pq.read_schema(handle)
 
     def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
         return None  # generic parquet records no episodes: the episode column is scanned
 
     def scan_runs(self, number: int, rel: str, column: str) -> list[EpisodeRun]:
-        parquet = pq.ParquetFile(self.root / rel)
+        with opened_parquet(self.root / rel) as handle:
+            return self._scan_runs(pq.ParquetFile(handle), number, rel, column)
+
+    def _scan_runs(self, parquet: pq.ParquetFile, number: int, rel: str, column: str) -> list[EpisodeRun]:
         name = Path(rel).name
         if column not in parquet.schema_arrow.names:
             raise DatasetError(f"source file {name!r} has no episode column {column!r} while others do")
@@ -91,11 +109,20 @@ class ParquetSource:
         bounds = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1, [len(ids)]))
         return [EpisodeRun(int(ids[a]), number, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
-    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
-        parquet = pq.ParquetFile(self.root / rel, buffer_size=1 << 20, pre_buffer=False)
-        batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
-        for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=False):
-            yield conform_batch(batch, schema)
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
+        with opened_parquet(self.root / rel) as handle:
+            found = opened_etag(handle)
+            if etag and found and found != etag:
+                raise SourceReplaced(f"{self.root / rel} was replaced (ETag {found}, fingerprinted {etag})")
+            if is_remote_path(self.root):
+                parquet = pq.ParquetFile(handle, pre_buffer=True)
+                batches = _batches_by_row_group(parquet, _rows_per_batch(parquet.metadata, batch_bytes))
+            else:
+                parquet = pq.ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)
+                batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
+                batches = parquet.iter_batches(batch_size=batch_rows, use_threads=False)
+            for batch in batches:
+                yield conform_batch(batch, schema)
 
     def row_groups(self, rel: str) -> ParquetRowGroups:
         return ParquetRowGroups(self.root / rel)
@@ -107,8 +134,8 @@ class ParquetSource:
 class ParquetRowGroups:
     """Row-group geometry of one parquet file, read from its footer, and reads of whole row groups."""
 
-    def __init__(self, path: Path) -> None:
-        self.file = pq.ParquetFile(path)
+    def __init__(self, path: DatasetPath) -> None:
+        self.file = pq.ParquetFile(parquet_input(path), pre_buffer=is_remote_path(path))
         metadata = self.file.metadata
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
@@ -119,7 +146,7 @@ class ParquetRowGroups:
         return self.file.read_row_group(group, columns=[n for n in wanted.names if n in present], use_threads=False)
 
 
-def parquet_files(root: Path, under: Path) -> list[str]:
+def parquet_files(root: DatasetPath, under: DatasetPath) -> list[str]:
     """Parquet files below `under` (no hidden dirs, no symlinks leaving `root`), relative to `root`, sorted."""
     if not under.is_dir():
         return []
@@ -135,7 +162,7 @@ def parquet_files(root: Path, under: Path) -> list[str]:
     return sorted(found)
 
 
-def has_parquet_files(path: Path) -> bool:
+def has_parquet_files(path: DatasetPath) -> bool:
     """Parquet files directly in `path` or anywhere under its `data/`."""
     if any(p.suffix == ".parquet" and p.is_file() for p in _safe_iterdir(path)):
         return True
@@ -143,18 +170,61 @@ def has_parquet_files(path: Path) -> bool:
     return data.is_dir() and any(data.rglob("*.parquet"))
 
 
-def read_parquet_rows(path: Path, columns: list[str]) -> list[dict[str, Any]]:
+def read_parquet_rows(path: DatasetPath, columns: list[str]) -> list[dict[str, Any]]:
     """The given columns of a (small, metadata) parquet file as Python rows."""
-    return pq.read_table(path, columns=columns).to_pylist()
+    with opened_parquet(path) as handle:
+        return pq.read_table(handle, columns=columns).to_pylist()
 
 
-def read_parquet_table(path: Path) -> pa.Table:
+def read_parquet_table(path: DatasetPath) -> pa.Table:
     """A whole (small, metadata) parquet file. (`pq.read_table` would import pandas, seconds on a first request.)"""
-    return pq.ParquetFile(path).read()
+    with opened_parquet(path) as handle:
+        return pq.ParquetFile(handle).read()
 
 
-def parquet_column_names(path: Path) -> list[str]:
-    return pq.read_schema(path).names
+def parquet_column_names(path: DatasetPath) -> list[str]:
+    with opened_parquet(path) as handle:
+        return pq.read_schema(handle).names
+
+
+def _batches_by_row_group(parquet: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Every row of an object's parquet file in batches of `batch_rows`, read row group by row group: each row
+    group's column chunks arrive in one coalesced ranged GET and are let go once decoded, so memory holds about one
+    row group and one batch (pre-buffering the whole file at once would hold all of it). The batches are cut
+    exactly as a local file's `iter_batches` cuts them (across row groups), so a segment built from the store is
+    byte for byte the one built from a local copy."""
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    for group in range(parquet.num_row_groups):
+        for piece in parquet.iter_batches(batch_size=batch_rows, row_groups=[group], use_threads=False):
+            pending.append(piece)
+            pending_rows += piece.num_rows
+            while pending_rows >= batch_rows:
+                taken, rest = _split_rows(pending, batch_rows)
+                yield _one_batch(taken)
+                pending, pending_rows = rest, pending_rows - batch_rows
+    if pending_rows:
+        yield _one_batch(pending)
+
+
+def _split_rows(batches: list[pa.RecordBatch], rows: int) -> tuple[list[pa.RecordBatch], list[pa.RecordBatch]]:
+    """The first `rows` rows of `batches`, and the rest (zero-copy slices)."""
+    taken: list[pa.RecordBatch] = []
+    for number, batch in enumerate(batches):
+        if batch.num_rows >= rows:
+            taken.append(batch.slice(0, rows))
+            rest = [batch.slice(rows)] if batch.num_rows > rows else []
+            return taken, rest + batches[number + 1 :]
+        taken.append(batch)
+        rows -= batch.num_rows
+    return taken, []
+
+
+def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    combined = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return combined[0] if combined else batches[0].slice(0, 0)
 
 
 def _rows_per_batch(metadata: pq.FileMetaData, batch_bytes: int) -> int:
@@ -165,7 +235,7 @@ def _rows_per_batch(metadata: pq.FileMetaData, batch_bytes: int) -> int:
     return int(max(1, min(_MAX_BATCH_ROWS, batch_bytes // per_row)))
 
 
-def _safe_iterdir(path: Path) -> list[Path]:
+def _safe_iterdir(path: DatasetPath) -> list[Any]:
     try:
         return list(path.iterdir())
     except OSError:

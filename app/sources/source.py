@@ -9,16 +9,28 @@ dataset directory, and never holds a whole file in memory.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from app.errors import DatasetError
+from app.sources.files import DatasetPath
+
+
+class FileStat(Protocol):
+    """The fields of a stat the fingerprints use: `os.stat_result`, or an object store's `ObjectStat`."""
+
+    @property
+    def st_size(self) -> int: ...
+    @property
+    def st_mtime_ns(self) -> int: ...
+    @property
+    def st_ctime_ns(self) -> int: ...
+    @property
+    def st_ino(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,10 @@ class SourceFingerprint:
     ctime cannot be set from user space and moves on every write, rename-over or `utime`, and the inode changes
     when a file is replaced by another one. The price: a `chmod`/`chown` of a source file also moves its ctime, so
     its segment is rebuilt once.
+
+    An object in an object store has no inode or ctime (both are recorded as 0 and its modification time): it is
+    unchanged while the store's listing gives the same size and Last-Modified, and `etag` records the ETag the store
+    reported when the object was read (empty for local files).
     """
 
     path: str
@@ -49,12 +65,22 @@ class SourceFingerprint:
     inode: int
     rows: int
     schema_hash: str
+    etag: str = ""
 
     @classmethod
-    def of(cls, path: str, stat: os.stat_result, rows: int, schema: pa.Schema) -> SourceFingerprint:
-        return cls(path, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, rows, schema_hash(schema))
+    def of(cls, path: str, stat: FileStat, rows: int, schema: pa.Schema, etag: str = "") -> SourceFingerprint:
+        size, mtime, ctime, inode = stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
+        return cls(path, size, mtime, ctime, inode, rows, schema_hash(schema), etag)
 
-    def same_file(self, stat: os.stat_result) -> bool:
+    def to_dict(self) -> dict[str, Any]:
+        """As persisted in the index and the sidecars (`etag` only when there is one, so the caches of local
+        datasets written before object stores were supported stay valid)."""
+        fields = asdict(self)
+        if not self.etag:
+            del fields["etag"]
+        return fields
+
+    def same_file(self, stat: FileStat) -> bool:
         """Whether `stat` (of this fingerprint's path) describes the same content. The one freshness rule: index
         load, segment sidecars and per-request checks all use it."""
         return (
@@ -163,7 +189,7 @@ class RowGroups(Protocol):
 class Source(Protocol):
     """One dataset directory in one format. Implementations: `app.sources.parquet` and the LeRobot formats."""
 
-    root: Path
+    root: DatasetPath  # a local directory, or a prefix in an object store
     info: DatasetInfo
     files: list[str]  # data files, relative POSIX paths, in stored order
 
@@ -187,8 +213,9 @@ class Source(Protocol):
         """Episode runs of file `number`, found by reading only its episode `column`."""
         ...
 
-    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
-        """Every row of the file in stored order, as batches of about `batch_bytes` conformed to `schema`."""
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
+        """Every row of the file in stored order, as batches of about `batch_bytes` conformed to `schema`. With an
+        `etag` (objects in a store), `SourceReplaced` if the object opened is no longer that version."""
         ...
 
     def row_groups(self, rel: str) -> RowGroups:
@@ -198,6 +225,11 @@ class Source(Protocol):
     def episode_clip(self, key: str, episode: int) -> EpisodeClip:
         """Where camera `key`'s frames of `episode` are (formats with `info.videos` only)."""
         ...
+
+
+class SourceReplaced(DatasetError):
+    """The object read is not the version that was fingerprinted (re-uploaded since): nothing read from it may be
+    kept under the old fingerprint."""
 
 
 def schema_hash(schema: pa.Schema) -> str:

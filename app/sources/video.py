@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from app.errors import DatasetError, InvalidInput
 from app.sources.decoders import DecoderPool
+from app.sources.files import DatasetPath, video_input
 from app.sources.source import SourceFingerprint, VideoFeature
 
 
@@ -33,7 +34,7 @@ def video_features(info: dict[str, Any]) -> dict[str, VideoFeature]:
 
 
 def decode_nearest(
-    root: Path, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
+    root: DatasetPath, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
     time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,))."""
@@ -45,7 +46,7 @@ def decode_nearest(
 def decode_nearest_into(
     out: np.ndarray,
     places: Sequence[np.ndarray],
-    root: Path,
+    root: DatasetPath,
     rel: str,
     times: np.ndarray,
     feature: VideoFeature,
@@ -127,14 +128,14 @@ def frame_schema(feature: VideoFeature) -> pa.Schema:
     return pa.schema([pa.field(PTS, pa.float64()), frame])
 
 
-def video_fingerprint(root: Path, rel: str, feature: VideoFeature) -> SourceFingerprint:
+def video_fingerprint(root: DatasetPath, rel: str, feature: VideoFeature) -> SourceFingerprint:
     """A video file's identity (one stat, and the frame count from the container's header)."""
     import av
 
     path = root / rel
     try:
         stat = path.stat()
-        with av.open(str(path)) as container:
+        with video_input(path) as opened, av.open(opened) as container:
             frames = int(container.streams.video[0].frames)
     except (OSError, av.error.FFmpegError, IndexError) as exc:
         raise DatasetError(f"video file {rel!r} cannot be read: {exc}") from exc
@@ -143,7 +144,7 @@ def video_fingerprint(root: Path, rel: str, feature: VideoFeature) -> SourceFing
     return SourceFingerprint.of(rel, stat, frames, frame_schema(feature))
 
 
-def iter_frames(root: Path, rel: str, feature: VideoFeature, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+def iter_frames(root: DatasetPath, rel: str, feature: VideoFeature, batch_bytes: int) -> Iterator[pa.RecordBatch]:
     """Every frame of the file in presentation order, as record batches of about `batch_bytes` (a few frames in
     memory at a time, whatever the length of the video)."""
     import av
@@ -155,7 +156,7 @@ def iter_frames(root: Path, rel: str, feature: VideoFeature, batch_bytes: int) -
     images: list[np.ndarray] = []
     last = -np.inf
     try:
-        with av.open(str(root / rel)) as container:
+        with video_input(root / rel) as opened, av.open(opened) as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             for frame in container.decode(stream):
@@ -195,7 +196,7 @@ class CameraFiles:
     data files (a decoded-frame segment per video file, see `frame_schema`), so the segment store caches decoded
     frames exactly as it caches parquet rows."""
 
-    root: Path
+    root: DatasetPath
     info: Any
 
     def camera_of(self, rel: str) -> VideoFeature | None:
@@ -211,8 +212,8 @@ class CameraFiles:
             return super().fingerprint(rel)  # type: ignore[misc]
         return video_fingerprint(self.root, rel, camera), frame_schema(camera)
 
-    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
         camera = self.camera_of(rel)
         if camera is None:
-            return super().read_batches(rel, schema, batch_bytes)  # type: ignore[misc]
+            return super().read_batches(rel, schema, batch_bytes, etag)  # type: ignore[misc]
         return iter_frames(self.root, rel, camera, batch_bytes)

@@ -14,10 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-from app.errors import DoesNotExist, InvalidInput
+from app.errors import DatasetError, DoesNotExist, InvalidInput
 from app.settings import Settings
-from app.sources import is_dataset_dir, is_dataset_root
+from app.sources import DatasetPath, is_dataset_dir, is_dataset_root
 from app.sources.decoders import DecoderPool
+from app.sources.object_store import ObjectStore, StoreOptions
 from app.store.dataset import Dataset
 from app.store.frame_budget import FrameBudget
 from app.store.segments import SegmentLRU
@@ -47,24 +48,47 @@ def validate_dataset_id(dataset_id: str) -> None:
             raise InvalidInput(f"dataset id {dataset_id!r} is invalid: each part must match {_ID_PART.pattern}")
 
 
+def locate_roots(settings: Settings, roots: list[Path | str]) -> list[DatasetPath]:
+    """The configured roots as the sources read them: directories as they are, `s3://` locations in one object store
+    configured from the standard AWS environment, each listed once now so that an unreachable store or refused
+    credentials stop the server at startup with the store's own words."""
+    located: list[DatasetPath] = []
+    store: ObjectStore | None = None
+    for root in roots:
+        if isinstance(root, Path):
+            located.append(root)
+            continue
+        if store is None:
+            options = StoreOptions(settings.remote_list_ttl, settings.remote_attempts, settings.remote_timeout_s)
+            store = ObjectStore.from_environment(options)
+        try:
+            located.append(store.root(root))
+        except DatasetError as exc:
+            raise ConfigurationError(
+                f"dataset root {root}: {exc.detail} (check the credentials, and for a store other than AWS S3 "
+                "its endpoint in AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL)"
+            ) from exc
+    return located
+
+
 class Catalog:
     """Datasets offered by the configured roots, opened lazily and shared by every request of a process."""
 
-    def __init__(self, settings: Settings, roots: list[Path]) -> None:
+    def __init__(self, settings: Settings, roots: list[DatasetPath]) -> None:
         self.settings = settings
         self.roots = roots
         self.lru = SegmentLRU(settings.max_open_segments)
         self.frame_budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, self.lru)
         self.decoders = DecoderPool(settings.video_decoders)
         self._lock = threading.Lock()
-        self._paths: dict[str, Path] = {}
+        self._paths: dict[str, DatasetPath] = {}
         self._datasets: dict[str, Dataset] = {}
         self._scanned_at = 0.0
         self.scan()
 
-    def scan(self) -> dict[str, Path]:
+    def scan(self) -> dict[str, DatasetPath]:
         """Find every dataset below the roots; two roots offering the same id is a configuration error."""
-        found: dict[str, Path] = {}
+        found: dict[str, DatasetPath] = {}
         for root in self.roots:
             if not root.is_dir():
                 raise ConfigurationError(f"dataset root {root} is not a directory")
@@ -114,7 +138,7 @@ class Catalog:
             return dataset
 
 
-def _datasets_below(root: Path) -> list[tuple[str, Path]]:
+def _datasets_below(root: DatasetPath) -> list[tuple[str, DatasetPath]]:
     """(id, resolved path) of datasets at depth one (`name`) or two (`org/name`) below `root`, or the root itself
     when it is a dataset (its subdirectories, such as a LeRobot dataset's data/ and meta/, are then not offered)."""
     real_root = root.resolve()
@@ -139,7 +163,7 @@ def _datasets_below(root: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def _subdirs(path: Path) -> list[Path]:
+def _subdirs(path: DatasetPath) -> list[DatasetPath]:
     try:
         return [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError:

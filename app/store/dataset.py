@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from app.errors import DatasetError, TryLater, WouldBlock
 from app.settings import Settings
-from app.sources import DatasetInfo, Source, SourceFingerprint, open_source, stamp, watched_paths
+from app.sources import DatasetInfo, DatasetPath, Source, SourceFingerprint, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
 from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex, load_or_build_index
@@ -53,7 +53,7 @@ class Dataset:
     def __init__(
         self,
         dataset_id: str,
-        path: Path,
+        path: DatasetPath,
         cache_dir: Path,
         episode_column: str,
         lru: SegmentLRU,
@@ -86,7 +86,7 @@ class Dataset:
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
     @staticmethod
-    def cache_key(dataset_id: str, path: Path) -> str:
+    def cache_key(dataset_id: str, path: DatasetPath) -> str:
         """Directory name of the dataset's cache: readable, and distinct for distinct source directories."""
         digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
         return f"{dataset_id.replace('/', '__')}-{digest}"

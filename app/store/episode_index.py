@@ -16,7 +16,7 @@ import base64
 import functools
 import hashlib
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +61,7 @@ class EpisodeIndex:
         """Changes whenever any source file or the unified schema changes (used for ETags)."""
         h = hashlib.sha256(schema_hash(self.schema).encode())
         for fp in self.files:
-            h.update(orjson.dumps(asdict(fp)))
+            h.update(orjson.dumps(fp.to_dict()))
         return h.hexdigest()[:32]
 
     @classmethod
@@ -279,7 +279,7 @@ def _persist(path: Path, index: EpisodeIndex, episode_column: str) -> None:
         "episode_column": episode_column,
         "has_episode_column": index.has_episode_column,
         "schema": base64.b64encode(index.schema.serialize().to_pybytes()).decode(),
-        "files": [asdict(fp) for fp in index.files],
+        "files": [fp.to_dict() for fp in index.files],
         "runs": {
             "episode": np.repeat(index.episodes, np.diff(index.episode_offsets)).tolist(),
             "file": index.run_file.tolist(),

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +39,7 @@ from filelock import FileLock, Timeout
 from app import metrics
 from app.errors import DatasetError
 from app.sources import Source, SourceFingerprint, schema_hash
+from app.sources.source import SourceReplaced
 from app.store.atomic_files import fsync_directory, write_atomically
 
 SEGMENT_FORMAT = 2
@@ -436,7 +437,7 @@ class SegmentStore:
             sidecar = orjson.loads(paths.sidecar.read_bytes())
         except (OSError, ValueError):
             return None
-        expected = {"format": SEGMENT_FORMAT, "source": asdict(source), "schema_hash": schema_hash(schema)}
+        expected = {"format": SEGMENT_FORMAT, "source": source.to_dict(), "schema_hash": schema_hash(schema)}
         if any(sidecar.get(k) != v for k, v in expected.items()):
             return None
         return sidecar
@@ -455,7 +456,7 @@ class SegmentStore:
             log.info("building segment %s from %s (%d rows)", paths.arrow.name, source.path, source.rows)
             state = self.building[source.path] = BuildProgress(source.path, source.rows, started=time.time())
             try:
-                rows, nbytes, checksum = self._write_segment(source.path, paths.tmp, schema, state, progress)
+                rows, nbytes, checksum = self._write_segment(source, paths.tmp, schema, state, progress)
             finally:
                 self.building.pop(source.path, None)
             try:
@@ -469,7 +470,7 @@ class SegmentStore:
             fsync_directory(self.directory)
             sidecar = {
                 "format": SEGMENT_FORMAT,
-                "source": asdict(source),
+                "source": source.to_dict(),
                 "schema_hash": schema_hash(schema),
                 "rows": rows,
                 "bytes": nbytes,
@@ -498,17 +499,18 @@ class SegmentStore:
 
     def _write_segment(
         self,
-        rel: str,
+        source: SourceFingerprint,
         tmp: Path,
         schema: pa.Schema,
         state: BuildProgress,
         progress: ProgressCallback | None,
     ) -> tuple[int, int, str]:
         """Stream the source file into an uncompressed Arrow IPC file; return rows, bytes, checksum."""
+        rel = source.path
         try:
             rows = 0
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                for batch in self._source_files().read_batches(rel, schema, self.batch_bytes):
+                for batch in self._source_files().read_batches(rel, schema, self.batch_bytes, source.etag):
                     writer.write_batch(batch)
                     rows += batch.num_rows
                     state.rows_done, state.bytes_done = rows, sink.tell()
@@ -524,6 +526,12 @@ class SegmentStore:
         except (OSError, pa.ArrowException) as exc:
             tmp.unlink(missing_ok=True)
             raise DatasetError(f"cannot convert {Path(rel).name!r}: {exc}") from exc
+        except SourceReplaced as exc:
+            tmp.unlink(missing_ok=True)
+            raise SourceChanged(exc.detail) from exc
+        except BaseException:  # e.g. the object store failing mid-read: never leave a partial segment behind
+            tmp.unlink(missing_ok=True)
+            raise
         return rows, nbytes, checksum
 
     def _source_files(self) -> Source:

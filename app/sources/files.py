@@ -1,0 +1,93 @@
+"""Where a dataset's files are: a local directory (`pathlib.Path`) or a prefix in an object store
+(`RemotePath`). Both are walked, stat'ed and read through the same `Path` methods; opening a file for a reader
+that needs random access (parquet, video) is the one thing that differs, and it happens here."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from app.sources.object_store import RemotePath, etag_of
+
+DatasetPath = Path | RemotePath
+VIDEO_READ_BYTES = 1 << 20  # a decoder's small reads become ranged GETs of this size
+
+
+def is_remote_path(path: DatasetPath) -> bool:
+    """Whether `path` is in an object store."""
+    return isinstance(path, RemotePath)
+
+
+def parquet_input(path: DatasetPath) -> Any:
+    """What `pyarrow.parquet` opens: a local path as is, an object as a seekable file read by ranged GETs."""
+    return path.open_input_file() if isinstance(path, RemotePath) else str(path)
+
+
+@contextlib.contextmanager
+def opened_parquet(path: DatasetPath) -> Iterator[Any]:
+    """`parquet_input` for the duration of a block."""
+    opened = parquet_input(path)
+    try:
+        yield opened
+    finally:
+        if not isinstance(opened, str):
+            opened.close()
+
+
+def opened_etag(handle: Any) -> str:
+    """The ETag of an object opened by `parquet_input` ("" for a local file)."""
+    return "" if isinstance(handle, str) else etag_of(handle)
+
+
+def open_video(path: DatasetPath) -> str | BinaryIO:
+    """What `av.open` opens: a local path as is (FFmpeg reads it natively), an object as a buffered, seekable
+    Python file whose reads are ranged GETs of about `VIDEO_READ_BYTES`. Close it with `close_video`."""
+    if not isinstance(path, RemotePath):
+        return str(path)
+    return io.BufferedReader(_ObjectReader(path.open_input_file()), buffer_size=VIDEO_READ_BYTES)
+
+
+def close_video(opened: str | BinaryIO) -> None:
+    if not isinstance(opened, str):
+        opened.close()
+
+
+@contextlib.contextmanager
+def video_input(path: DatasetPath) -> Iterator[str | BinaryIO]:
+    """`open_video` for the duration of a block."""
+    opened = open_video(path)
+    try:
+        yield opened
+    finally:
+        close_video(opened)
+
+
+class _ObjectReader(io.RawIOBase):
+    """A pyarrow random-access file as a raw Python stream (what `io.BufferedReader` buffers)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._handle.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        self._handle.close()
+        super().close()
