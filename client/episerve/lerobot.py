@@ -214,9 +214,10 @@ class RemoteLeRobotDataset(EpisodeDataset):
 
 
 def _unit_float(pixels: Any) -> Any:
-    if pixels.dtype == torch.uint8:
-        return torch.true_divide(pixels, 255.0)  # float32(x) / 255 in float32, as LeRobot's decoders and ToTensor
-    return pixels.to(torch.float32)
+    # float32(x) / 255 in float32, as LeRobot's decoders and ToTensor compute it; converting first and dividing in
+    # place is ~10x faster than dividing the uint8 tensor (a mixed-dtype op that casts element by element)
+    frames = pixels.to(torch.float32)
+    return frames.div_(255) if pixels.dtype == torch.uint8 else frames
 
 
 def _tensor(values: Any) -> Any:
