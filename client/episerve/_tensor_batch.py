@@ -8,6 +8,8 @@ as views of that block. A block of up to `INLINE_BLOCK_BYTES` (a 256-row batch o
 about 40 KB) travels inside the pickle, through the worker's result pipe: creating, passing and mapping a
 shared-memory file costs more than copying that many bytes. A larger block goes to shared memory: one
 descriptor per batch; the block is allocated in shared memory, so it is filled once and never copied again.
+Tensors already in shared memory (a large column written there directly, see `shared_empty`) are left out of the
+block and passed by descriptor as they are.
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ class TensorBatch(dict):
     def __reduce__(self) -> tuple[Any, ...]:
         torch = sys.modules.get("torch")  # tensors only exist once torch is imported
         packed = {}
-        if torch is not None:
-            packed = {k: v for k, v in self.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"}
+        if torch is not None:  # tensors already in shared memory travel as they are: one descriptor, no copy
+            packed = {
+                k: v
+                for k, v in self.items()
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.is_shared()
+            }
         if len(packed) < 2 or any(t.requires_grad for t in packed.values()):
             return (dict, (dict(self),))
         layout, size = _layout(packed)
@@ -66,6 +72,17 @@ def _layout(tensors: dict[str, Any]) -> tuple[Layout, int]:
 def _fill(block: Any, layout: Layout, tensors: dict[str, Any]) -> None:
     for (_, dtype, shape, offset), tensor in zip(layout, tensors.values(), strict=True):
         _view(block, dtype, shape, offset).copy_(tensor)
+
+
+def shared_empty(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised tensor in shared memory: a DataLoader worker that writes a large column there directly
+    (`TensorBatch` then passes it without packing it) saves a copy of it and the page faults of a second
+    allocation. A plain tensor where shared memory cannot be had."""
+    size = math.prod(shape) * dtype.itemsize
+    try:
+        return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(size), 0, shape)
+    except (AttributeError, RuntimeError):
+        return torch.empty(shape, dtype=dtype)
 
 
 def _shared_block(torch: Any, size: int) -> Any:

@@ -23,12 +23,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from torch.utils.data import get_worker_info
 
 from episerve._batch import Batch, collate
 from episerve._client import Client
 from episerve._dataset import EpisodeDataset
 from episerve._retry import Retries
-from episerve._tensor_batch import TensorBatch
+from episerve._tensor_batch import TensorBatch, shared_empty
 
 __all__ = ["RemoteLeRobotDataset", "RemoteLeRobotDatasetMetadata", "collate"]
 
@@ -202,9 +203,10 @@ class RemoteLeRobotDataset(EpisodeDataset):
         """Frames (uint8, channels-first) as LeRobot's float32 in [0, 1], each sample through `image_transforms`."""
         if isinstance(values, list):  # images of different shapes: one tensor per sample
             return [self._transform(_unit_float(torch.from_numpy(np.asarray(v)))) for v in values]
-        frames = _unit_float(torch.from_numpy(values))
+        pixels = torch.from_numpy(values)
         if key in self.meta.video_keys and self.delta_timestamps and len(self.delta_timestamps.get(key, ())) == 1:
-            frames = frames[:, 0]  # LeRobot squeezes a one-frame video window to the frame itself
+            pixels = pixels[:, 0]  # LeRobot squeezes a one-frame video window to the frame itself
+        frames = _unit_float(pixels, shared=self.image_transforms is None and get_worker_info() is not None)
         if self.image_transforms is None:
             return frames
         return torch.stack([self._transform(frame) for frame in frames]) if len(frames) else frames
@@ -213,11 +215,21 @@ class RemoteLeRobotDataset(EpisodeDataset):
         return frame if self.image_transforms is None else self.image_transforms(frame)
 
 
-def _unit_float(pixels: Any) -> Any:
-    # float32(x) / 255 in float32, as LeRobot's decoders and ToTensor compute it; converting first and dividing in
-    # place is ~10x faster than dividing the uint8 tensor (a mixed-dtype op that casts element by element)
-    frames = pixels.to(torch.float32)
-    return frames.div_(255) if pixels.dtype == torch.uint8 else frames
+def _unit_float(pixels: Any, shared: bool = False) -> Any:
+    """float32(x) / 255 computed in float32, as LeRobot's decoders and `ToTensor` compute it.
+
+    Converting into a float tensor and dividing in place is ~10x faster than dividing the uint8 tensor (a
+    mixed-dtype op that casts element by element). In a DataLoader worker (`shared`) the float tensor is allocated
+    in shared memory, where the batch crosses to the main process without another copy.
+    """
+    if pixels.dtype != torch.uint8:
+        return pixels.to(torch.float32)
+    if shared:
+        frames = shared_empty(torch, tuple(pixels.shape), torch.float32)
+    else:
+        frames = torch.empty(pixels.shape, dtype=torch.float32)
+    frames.copy_(pixels)
+    return frames.div_(255)
 
 
 def _tensor(values: Any) -> Any:

@@ -206,13 +206,15 @@ def test_image_transforms_apply_to_every_camera_key(video_root: Path, camera_ser
 
 
 @pytest.mark.parametrize(
-    "collate_fn", [collate, RemoteLeRobotDataset.collate, None], ids=["collate", "method", "default"]
+    ("collate_fn", "transforms"),
+    [(collate, None), (RemoteLeRobotDataset.collate, halve_and_flip), (None, None)],
+    ids=["collate", "method-with-transforms", "default"],
 )
 def test_dataloader_batches_equal_the_stacked_samples(
-    camera_server: ServerProcess, collate_fn: Callable | None
+    camera_server: ServerProcess, collate_fn: Callable | None, transforms: Callable | None
 ) -> None:
     ds = RemoteLeRobotDataset(
-        camera_server.url, "cams-v3", episodes=[0, 5, 7], delta_timestamps=WINDOWS, image_transforms=halve_and_flip
+        camera_server.url, "cams-v3", episodes=[0, 5, 7], delta_timestamps=WINDOWS, image_transforms=transforms
     )
     order = np.random.default_rng(2).permutation(len(ds)).tolist()[:60]
     loader = DataLoader(ds, batch_size=16, sampler=order, num_workers=2, collate_fn=collate_fn)
