@@ -187,7 +187,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         """The samples at `indices` in one request: a `Batch` (the batch dict of `(len(indices), ...)` tensors,
         also the sequence of the samples)."""
-        columns = self._fetch(indices).data
+        columns = self._fetch(indices, channels_first=False).data  # frames (B, [T,] H, W, C): see `_camera`
         batch = TensorBatch()
         for key in self.meta.video_keys:
             batch[key] = self._camera(key, columns[key])
@@ -200,10 +200,13 @@ class RemoteLeRobotDataset(EpisodeDataset):
         return Batch(batch, len(indices))
 
     def _camera(self, key: str, values: Any) -> Any:
-        """Frames (uint8, channels-first) as LeRobot's float32 in [0, 1], each sample through `image_transforms`."""
+        """Frames (uint8; video frames channels-last as served, images channels-first) as LeRobot's float32 (C, H, W)
+        in [0, 1], each sample through `image_transforms`."""
         if isinstance(values, list):  # images of different shapes: one tensor per sample
             return [self._transform(_unit_float(torch.from_numpy(np.asarray(v)))) for v in values]
         pixels = torch.from_numpy(values)
+        if key in self.meta.video_keys:
+            pixels = pixels.movedim(-1, -3)  # channels-first while converting: one pass, no uint8 copy
         if key in self.meta.video_keys and self.delta_timestamps and len(self.delta_timestamps.get(key, ())) == 1:
             pixels = pixels[:, 0]  # LeRobot squeezes a one-frame video window to the frame itself
         frames = _unit_float(pixels, shared=self.image_transforms is None and get_worker_info() is not None)
