@@ -137,7 +137,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
         super().__init__(
             client,
             repo_id,
-            episodes,
+            self.episodes,  # a generator of ids was consumed into the list above
             columns=[*self.meta.video_keys, *self._stored],
             delta_timestamps=self.delta_timestamps,
             tolerance_s=tolerance_s,

@@ -272,6 +272,8 @@ def test_metadata_equals_the_dataset_files(video_root: Path, camera_server: Serv
         )
         assert set(entry["tasks"]) == tasks
     assert ds.episodes == [4, 1] and ds.num_episodes == 2
+    from_generator = RemoteLeRobotDataset(camera_server.url, name, episodes=(e for e in [4, 1]))
+    assert from_generator.episodes == [4, 1] and len(from_generator) == len(ds)
     assert ds.num_frames == len(ds) == meta.episodes[1]["length"] + meta.episodes[4]["length"]
 
 
