@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
+import episerve
 from app.demo import IMAGE, TOP_CAMERA, WRIST_CAMERA
 from episerve.lerobot import RemoteLeRobotDataset, collate
 from tests.support import ServerProcess
@@ -310,6 +311,15 @@ def test_stats_of_v21_are_its_episode_stats_merged_as_lerobot_does(
         assert torch.equal(merged["min"], torch.tensor(np.min([p["min"] for p in parts], axis=0).tolist()))
         assert torch.equal(merged["max"], torch.tensor(np.max([p["max"] for p in parts], axis=0).tolist()))
         assert merged["count"].tolist() == [int(sum(p["count"][0] for p in parts))]
+
+
+def test_mistakes_fail_at_construction(camera_server: ServerProcess) -> None:
+    with pytest.raises(episerve.NotFound):
+        RemoteLeRobotDataset(camera_server.url, "cams-v3", episodes=[2, 99])
+    with pytest.raises(episerve.InvalidRequest, match=r"0\.033"):
+        RemoteLeRobotDataset(camera_server.url, "cams-v3", delta_timestamps={"action": [0.0, 0.033]})
+    with pytest.raises(episerve.NotFound):
+        RemoteLeRobotDataset(camera_server.url, "nope")
 
 
 def test_importing_without_torch_names_the_extra() -> None:
