@@ -245,7 +245,7 @@ def test_sequential_reads_of_a_video_decode_on_with_one_decoder_and_jumps_stay_e
     for picked in ([40, 41, 45], [0, 3], [len(times) - 2, len(times) - 1], [10, 12], [11], spread):
         got, at = decode_nearest(dataset, rel, times[picked], _camera(dataset), pool)
         assert np.array_equal(got, frames[picked]) and np.array_equal(at, times[picked])
-    assert pool.opened == 1
+    assert pool.opened == 2  # scattered reads get a decoder of their own, single-threaded
 
 
 def test_threads_reading_one_video_at_once_each_get_exact_frames(video_root: Path) -> None:
@@ -268,6 +268,32 @@ def test_threads_reading_one_video_at_once_each_get_exact_frames(video_root: Pat
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_times_between_frames_pick_the_nearest_frame_once_converted(video_root: Path) -> None:
+    dataset = video_root / "cams-v3"
+    video = episode_video(dataset, TOP_CAMERA, 0)
+    rel = video.path.relative_to(dataset).as_posix()
+    times, frames = decode_video(video.path)
+    step = times[6] - times[5]
+    wanted = np.array([times[5], times[5] + 0.3 * step, times[5] + 0.45 * step, times[6] - 0.2 * step, times[6]])
+    got, at = decode_nearest(dataset, rel, wanted, _camera(dataset), DecoderPool())
+    assert np.array_equal(got, frames[[5, 5, 5, 6, 6]])
+    assert np.array_equal(at, times[[5, 5, 5, 6, 6]])
+
+
+def test_the_catalog_shares_one_decoder_pool_of_the_configured_size(video_root: Path, tmp_path: Path) -> None:
+    settings = Settings(roots=[video_root], cache_dir=tmp_path / "cache", video_decoders=1)
+    catalog = Catalog(settings, [video_root])
+    v3, v21 = catalog.get("cams-v3"), catalog.get("cams-v21")
+    assert v3.decoders is v21.decoders and v3.decoders.capacity == 1
+    for dataset in (v3, v21):
+        video = episode_video(dataset.path, TOP_CAMERA, 1)
+        rel = video.path.relative_to(dataset.path).as_posix()
+        times, frames = decode_video(video.path)
+        got, _ = decode_nearest(dataset.path, rel, times[:4], _camera(dataset.path), dataset.decoders)
+        assert np.array_equal(got, frames[:4])
+    assert v3.decoders.opened == 2 and len(v3.decoders._idle) == 1  # the older decoder was closed
 
 
 def _decode_in_child(dataset: str, rel: str, times: list[float], pool: DecoderPool, results: object) -> None:
@@ -300,7 +326,10 @@ def test_warm_lists_each_video_file_once_per_camera(video_root: Path, tmp_path: 
     assert len(files) == 6  # 3 files per camera
 
 
-def test_long_keyframe_intervals_decode_the_nearest_frames_without_looping(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("gop", "b_frames"), [(30, 0), (12, 3), (30, 3)])
+def test_long_keyframe_intervals_decode_the_nearest_frames_without_looping(
+    tmp_path: Path, gop: int, b_frames: int
+) -> None:
     import av
 
     from app.sources.source import VideoFeature
@@ -308,7 +337,7 @@ def test_long_keyframe_intervals_decode_the_nearest_frames_without_looping(tmp_p
     path = tmp_path / "long-gop.mp4"
     rng = np.random.default_rng(0)
     with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=30, options={"g": "30", "bf": "0"})
+        stream = container.add_stream("libx264", rate=30, options={"g": str(gop), "bf": str(b_frames)})
         stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
         for _ in range(90):
             image = rng.integers(0, 255, size=(48, 64, 3), dtype=np.uint8)
@@ -319,6 +348,11 @@ def test_long_keyframe_intervals_decode_the_nearest_frames_without_looping(tmp_p
     times, frames = decode_video(path)
     feature = VideoFeature("cam", 48, 64, 3, "h264", "yuv420p", 30.0)
     pool = DecoderPool()
-    for picked in ([25], [23, 26, 88], [5, 70], [44]):
+    shuffled = np.random.default_rng(1).permutation(90)
+    for picked in ([25], [23, 26, 88], [5, 70], [44], *np.split(shuffled, 15)):
+        picked = np.sort(picked)
         got, at = decode_nearest(tmp_path, path.name, times[picked], feature, pool)
         assert np.array_equal(got, frames[picked]) and np.array_equal(at, times[picked])
+        hair = times[picked] - 1e-7  # float32 timestamps land a hair before or after the frame
+        got, _ = decode_nearest(tmp_path, path.name, np.maximum(hair, 0), feature, pool)
+        assert np.array_equal(got, frames[picked])

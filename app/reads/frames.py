@@ -11,7 +11,7 @@ from app.errors import DatasetError, InvalidInput
 from app.reads.episode_spec import EpisodeRanges, resolve_episodes
 from app.reads.takes import take_rows
 from app.sources.source import EpisodeClip, Source, VideoFeature
-from app.sources.video import FRAME, PTS, check_tolerance, decode_nearest, frame_schema, nearest_rows
+from app.sources.video import FRAME, PTS, check_tolerance, decode_nearest_into, frame_schema, nearest_rows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
 from app.store.segments import Segment
@@ -74,8 +74,8 @@ def _frames(
     order: np.ndarray,
 ) -> np.ndarray:
     """The frames of `feature` for `order`-indexed rows of (`episodes`, `timestamps`): `result[i]` is the frame of
-    row `order[i]`, checked against `tolerance_s`. Each frame is copied once, from the decoded-frame segment's
-    memory map (or the decoder) straight into the result."""
+    row `order[i]`, checked against `tolerance_s`. Each frame is written once, copied from the decoded-frame
+    segment's memory map or converted from the decoder straight into the result."""
     clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}
     wanted = timestamps + np.array([clips[int(e)].from_timestamp for e in episodes])
     paths = np.array([clips[int(e)].path for e in episodes], dtype=object)
@@ -84,19 +84,18 @@ def _frames(
     for path in sorted(set(paths.tolist())):
         here = np.flatnonzero(paths == path)
         times, back = np.unique(wanted[here], return_inverse=True)
-        segment = _frame_segment(dataset, path, feature)
-        if segment is None:
-            decoded, at = decode_nearest(dataset.path, path, times, feature)
-            pictures = [decoded]
-            batch_of, row_in_batch = np.zeros(len(times), dtype=np.int64), np.arange(len(times))
-        else:
-            pictures, batch_of, row_in_batch, at = _nearest_in_segment(segment, times, feature)
-        found[here] = at[back]
         picture_of_row = np.full(len(episodes), -1)
         picture_of_row[here] = back
         positions = np.flatnonzero(np.isin(order, here))
-        picks = picture_of_row[order[positions]]
-        _gather(frames, positions, pictures, batch_of[picks], row_in_batch[picks])
+        picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
+        segment = _frame_segment(dataset, path, feature)
+        if segment is None:
+            places = _places(positions, picks, len(times))
+            at = decode_nearest_into(frames, places, dataset.path, path, times, feature, dataset.decoders)
+        else:
+            pictures, batch_of, row_in_batch, at = _nearest_in_segment(segment, times, feature)
+            _gather(frames, positions, pictures, batch_of[picks], row_in_batch[picks])
+        found[here] = at[back]
     check_tolerance(feature.key, episodes, frame_index, wanted, found, tolerance_s)
     return frames
 
@@ -138,6 +137,13 @@ def _gather(
 
 
 _ONE_BY_ONE_BYTES = 32 * 1024
+
+
+def _places(positions: np.ndarray, picks: np.ndarray, count: int) -> list[np.ndarray]:
+    """For each of `count` pictures, the `positions` that show it (`picks[i]` is the picture of `positions[i]`)."""
+    order = np.argsort(picks, kind="stable")
+    bounds = np.searchsorted(picks[order], np.arange(count + 1))
+    return np.split(positions[order], bounds[1:-1])
 
 
 def _nearest_in_segment(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -21,38 +21,55 @@ import numpy as np
 
 DEFAULT_CAPACITY = 4
 UNKNOWN_GOP_FRAMES = 10  # until keyframes have been seen, assume one every so many frames
+HAIR_S = 1e-4  # far below any frame interval, far above float32 rounding of a timestamp
 
 
 class OpenDecoder:
-    """One open video file and where its decoding stands: the last frame decoded, and the frames after it."""
+    """One open video file and where its decoding stands: the last frame decoded, and the frames after it.
 
-    def __init__(self, path: Path, identity: tuple[int, ...]) -> None:
+    A decoder for scattered reads is single-threaded: a seek drains and refills FFmpeg's frame-thread pipeline,
+    which made a seek and decode of a random frame cost ~45 % more with frame threads (the server decodes requests
+    side by side instead). A decoder for runs of consecutive frames (`threaded`) lets FFmpeg pick its threads.
+    """
+
+    def __init__(self, path: Path, identity: tuple[int, ...], threaded: bool = False) -> None:
         import av  # the server's only video dependency, loaded when a camera is first read
 
         self.path = path
         self.identity = identity
         self.container: Any = av.open(str(path))
         self.stream: Any = self.container.streams.video[0]
-        self.stream.thread_type = "AUTO"
+        if threaded:
+            self.stream.thread_type = "AUTO"
+        else:
+            self.stream.codec_context.thread_count = 1
+        self.threaded = threaded
         self.time_base = self.stream.time_base
         self._frames: Iterator[Any] | None = None  # None: positioned at the start of the file
+        self._sought = 0.0  # the time of the last seek (0: decoding from the start of the file)
         self._last: tuple[float, Any] | None = None  # the last frame decoded, and its presentation time
         self._last_keyframe: float | None = None
         self._keyframe_gap: float | None = None  # the shortest distance seen between two keyframes, seconds
 
-    def nearest(self, times: np.ndarray, frame_s: float) -> tuple[list[Any], np.ndarray]:
-        """For each of `times` (seconds, ascending), the frame whose presentation time is nearest (the earlier on
-        a tie), and that time.
+    def nearest(self, times: np.ndarray, frame_s: float, keep: Callable[[int, Any], None]) -> np.ndarray:
+        """For each of `times` (seconds, ascending), find the frame whose presentation time is nearest (the earlier
+        on a tie) and hand it to `keep(position, frame)` as soon as it is known; return those times (NaN where the
+        file has no frame at all).
+
+        Positions are handed over in order, so a frame is never handed over again once a later one has been, and
+        only the frame just decoded and the one before it are held: memory is bounded by `keep`, not the read.
 
         Decodes forward through runs of nearby times and seeks across gaps: a time farther past the last frame
         decoded than the file's keyframe interval is reached by a seek to the keyframe before it (decoding through
         the gap would cost more frames than decoding from that keyframe), so a shuffled batch costs a seek and a
         short decode per frame, not a decode of everything between its first and last frame."""
-        picked: list[Any] = [None] * len(times)
         picked_at = np.full(len(times), np.nan)
         wanted = 0
+        retreated = False
         while wanted < len(times):
-            self._position_for(float(times[wanted]), frame_s)
+            if not retreated:
+                self._position_for(float(times[wanted]), frame_s)
+            retreated = False
             if self._frames is None:
                 self._frames = self.container.decode(self.stream)
             previous, exhausted, started = self._last, True, wanted  # a gap ends a pass only after progress
@@ -60,23 +77,31 @@ class OpenDecoder:
                 if frame.pts is None:
                     continue
                 at = float(Fraction(frame.pts) * self.time_base)
+                if previous is None and self._landed_after(times[wanted], at):
+                    self._seek(self._sought - self._reach(frame_s))
+                    retreated, exhausted = True, False
+                    break
                 if frame.key_frame:
                     self._saw_keyframe(at)
                 while wanted < len(times) and times[wanted] <= at:
                     nearer = previous is not None and times[wanted] - previous[0] <= at - times[wanted]
-                    picked_at[wanted], picked[wanted] = previous if nearer else (at, frame)  # type: ignore[misc]
+                    picked_at[wanted], chosen = previous if nearer else (at, frame)  # type: ignore[misc]
+                    keep(wanted, chosen)
                     wanted += 1
                 previous = (at, frame)
                 if wanted == len(times) or (wanted > started and times[wanted] - at > self._reach(frame_s)):
                     exhausted = False
                     break
+            if retreated:
+                continue
             self._last = previous
             if exhausted:  # past the last frame: the last frame is nearest
                 while wanted < len(times) and previous is not None:
-                    picked_at[wanted], picked[wanted] = previous
+                    picked_at[wanted] = previous[0]
+                    keep(wanted, previous[1])
                     wanted += 1
                 break
-        return picked, picked_at
+        return picked_at
 
     def continues_to(self, first: float, frame_s: float) -> bool:
         """Whether a read starting at time `first` is best served by decoding on from here, without a seek."""
@@ -89,6 +114,11 @@ class OpenDecoder:
         gap = self._keyframe_gap if self._keyframe_gap is not None else UNKNOWN_GOP_FRAMES * frame_s
         return max(gap, 2 * frame_s) + frame_s / 2
 
+    def _landed_after(self, wanted: float, at: float) -> bool:
+        """Whether the first frame after a seek lies past the time sought, so that an earlier frame may be nearer
+        (a keyframe found by decoding time can be presented later, in files with B-frames)."""
+        return self._sought > 0 and at > self._sought
+
     def _saw_keyframe(self, at: float) -> None:
         if self._last_keyframe is not None and at > self._last_keyframe:
             gap = at - self._last_keyframe
@@ -97,12 +127,17 @@ class OpenDecoder:
 
     def _position_for(self, first: float, frame_s: float) -> None:
         """Keep decoding from here if `first` lies just ahead of the last frame decoded (or near the start of a
-        fresh decoder); else seek to the keyframe at or before the frame just ahead of `first`."""
-        if self.continues_to(first, frame_s):
-            return
-        ahead = max(0.0, first - frame_s)
-        self.container.seek(int(ahead / self.time_base), stream=self.stream, backward=True, any_frame=False)
-        self._frames, self._last, self._last_keyframe = None, None, None
+        fresh decoder); else seek to the keyframe at or before `first` (a hair past it: a time a hair before a
+        keyframe's presentation time, as float32 timestamps often are, still finds that keyframe)."""
+        if not self.continues_to(first, frame_s):
+            self._seek(first + HAIR_S)
+
+    def _seek(self, target: float) -> None:
+        """Position at the keyframe at or before time `target` (the start of the file for a target at or before 0)."""
+        self._sought = max(0.0, target)
+        self.container.seek(int(self._sought / self.time_base), stream=self.stream, backward=True, any_frame=False)
+        self._frames = self.container.decode(self.stream)
+        self._last, self._last_keyframe = None, None
 
     def close(self) -> None:
         self._frames, self._last = None, None
@@ -121,14 +156,17 @@ class DecoderPool:
         os.register_at_fork(after_in_child=self._forget_parents)
 
     @contextmanager
-    def checkout(self, path: Path, first: float = 0.0, frame_s: float = 0.1) -> Iterator[OpenDecoder]:
-        """A decoder of `path` for this thread alone, for a read starting at time `first`: an idle one of the same
-        file version (one that decodes on to `first` without a seek if there is one), or a new one. A decoder that
-        raised is closed rather than returned (its position is unknown)."""
+    def checkout(
+        self, path: Path, first: float = 0.0, frame_s: float = 0.1, run: bool = False
+    ) -> Iterator[OpenDecoder]:
+        """A decoder of `path` for this thread alone, for a read starting at time `first` (`run`: of consecutive
+        frames): an idle one of the same file version (one that decodes on to `first` without a seek if there is
+        one, else one threaded for runs or not as the read is), or a new one. A decoder that raised is closed
+        rather than returned (its position is unknown)."""
         identity = _identity(path)
-        decoder = self._take(path, identity, first, frame_s)
+        decoder = self._take(path, identity, first, frame_s, run)
         if decoder is None:
-            decoder = OpenDecoder(path, identity)
+            decoder = OpenDecoder(path, identity, threaded=run)
             with self._lock:
                 self.opened += 1
         try:
@@ -145,13 +183,17 @@ class DecoderPool:
         for decoder in idle:
             decoder.close()
 
-    def _take(self, path: Path, identity: tuple[int, ...], first: float, frame_s: float) -> OpenDecoder | None:
+    def _take(
+        self, path: Path, identity: tuple[int, ...], first: float, frame_s: float, run: bool
+    ) -> OpenDecoder | None:
         stale: list[OpenDecoder] = []
         with self._lock:
             same_file = [d for d in reversed(self._idle.values()) if d.path == path]
             stale = [d for d in same_file if d.identity != identity]  # the file was rewritten
             current = [d for d in same_file if d.identity == identity]
-            chosen = next((d for d in current if d.continues_to(first, frame_s)), current[0] if current else None)
+            continuing = (d for d in current if d.continues_to(first, frame_s))
+            alike = (d for d in current if d.threaded == run)
+            chosen = next(continuing, None) or next(alike, None)
             for decoder in [*stale, *([chosen] if chosen else [])]:
                 del self._idle[id(decoder)]
         for decoder in stale:
@@ -179,6 +221,3 @@ def _identity(path: Path) -> tuple[int, ...]:
     """Which version of the file this is (a rewritten file is another decoder)."""
     stat = path.stat()
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-
-
-DECODERS = DecoderPool()

@@ -8,7 +8,7 @@ to `t` in the episode's own file (v2.1); farther than `tolerance_s` is an error,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import orjson
 import pyarrow as pa
 
 from app.errors import DatasetError, InvalidInput
-from app.sources.decoders import DECODERS, DecoderPool
+from app.sources.decoders import DecoderPool
 from app.sources.source import SourceFingerprint, VideoFeature
 
 
@@ -33,32 +33,60 @@ def video_features(info: dict[str, Any]) -> dict[str, VideoFeature]:
 
 
 def decode_nearest(
-    root: Path, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool = DECODERS
+    root: Path, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
-    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,)).
+    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,))."""
+    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+    places = np.arange(len(times)).reshape(-1, 1)
+    return frames, decode_nearest_into(frames, places, root, rel, times, feature, decoders)
+
+
+def decode_nearest_into(
+    out: np.ndarray,
+    places: Sequence[np.ndarray],
+    root: Path,
+    rel: str,
+    times: np.ndarray,
+    feature: VideoFeature,
+    decoders: DecoderPool,
+) -> np.ndarray:
+    """Decode the frame nearest to each of `times` (seconds, ascending) into `out` at the positions `places[i]`
+    (one or more per time), and return the presentation times of the frames found.
 
     One forward pass from the keyframe at or before the first time (or on from where the last read of the file
-    stopped, see `app.sources.decoders`); only the frames picked are converted to RGB."""
+    stopped, see `app.sources.decoders`); each frame picked is converted to RGB once, straight into its first place
+    in `out`, as soon as it is known (the decoded frames are not held until the end), and copied from there to its
+    other places."""
     import av
+
+    last: list[Any] = [None, -1]  # the frame converted last, and where it went
+
+    def keep(i: int, frame: Any) -> None:
+        first, *others = places[i].tolist()
+        out[first] = out[last[1]] if frame is last[0] else to_rgb(frame, feature, rel)
+        for other in others:
+            out[other] = out[first]
+        last[:] = [frame, first]
 
     try:
         frame_s = 1.0 / (feature.fps or 10.0)
         first = float(times[0]) if len(times) else 0.0
-        with decoders.checkout(root / rel, first, frame_s) as decoder:
-            picked, picked_at = decoder.nearest(times, frame_s)
-            if any(frame is None for frame in picked):
-                raise DatasetError(f"video file {rel!r} holds no frames")
-            frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
-            converted: dict[int, np.ndarray] = {}
-            for position, frame in enumerate(picked):
-                image = converted.get(id(frame))
-                if image is None:
-                    image = converted[id(frame)] = to_rgb(frame, feature, rel)
-                frames[position] = image
+        with decoders.checkout(root / rel, first, frame_s, run=_is_run(times, frame_s)) as decoder:
+            picked_at = decoder.nearest(times, frame_s, keep)
     except (OSError, av.error.FFmpegError) as exc:
         raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
-    return frames, picked_at
+    if np.isnan(picked_at).any():
+        raise DatasetError(f"video file {rel!r} holds no frames")
+    return picked_at
+
+
+def _is_run(times: np.ndarray, frame_s: float) -> bool:
+    """Whether `times` (ascending) are mostly consecutive frames: a read that decodes on rather than seeks."""
+    return len(times) >= RUN_FRAMES and float(times[-1] - times[0]) <= 2 * len(times) * frame_s
+
+
+RUN_FRAMES = 16
 
 
 def to_rgb(frame: Any, feature: VideoFeature, rel: str) -> np.ndarray:

@@ -17,6 +17,7 @@ from pathlib import Path
 from app.errors import DoesNotExist, InvalidInput
 from app.settings import Settings
 from app.sources import is_dataset_dir, is_dataset_root
+from app.sources.decoders import DecoderPool
 from app.store.dataset import Dataset
 from app.store.frame_budget import FrameBudget
 from app.store.segments import SegmentLRU
@@ -54,6 +55,7 @@ class Catalog:
         self.roots = roots
         self.lru = SegmentLRU(settings.max_open_segments)
         self.frame_budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, self.lru)
+        self.decoders = DecoderPool(settings.video_decoders)
         self._lock = threading.Lock()
         self._paths: dict[str, Path] = {}
         self._datasets: dict[str, Dataset] = {}
@@ -106,6 +108,7 @@ class Catalog:
                     self.lru,
                     self.settings,
                     self.frame_budget,
+                    self.decoders,
                 )
                 self._datasets[dataset_id] = dataset
             return dataset

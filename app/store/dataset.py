@@ -24,6 +24,7 @@ import pyarrow as pa
 from app.errors import DatasetError, TryLater, WouldBlock
 from app.settings import Settings
 from app.sources import DatasetInfo, Source, SourceFingerprint, open_source, stamp, watched_paths
+from app.sources.decoders import DecoderPool
 from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex, load_or_build_index
 from app.store.frame_budget import FrameBudget
@@ -58,6 +59,7 @@ class Dataset:
         lru: SegmentLRU,
         limits: Settings,
         frame_budget: FrameBudget | None = None,
+        decoders: DecoderPool | None = None,
     ) -> None:
         self.id = dataset_id
         self.path = path
@@ -78,6 +80,7 @@ class Dataset:
         self.segments = SegmentStore(cache_dir / "segments", lru, limits.build_batch_bytes, limits.verify_on_open)
         self.frames = SegmentStore(cache_dir / "frames", lru, limits.build_batch_bytes, limits.verify_on_open)
         self.frame_budget = frame_budget or FrameBudget(cache_dir.parent, limits.video_cache_bytes, lru)
+        self.decoders = decoders or DecoderPool(limits.video_decoders)
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
     @staticmethod

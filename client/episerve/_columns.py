@@ -161,8 +161,18 @@ def _tensors(array: pa.ExtensionArray, owner: _Owner | None, channels_first: boo
     shape = list(array.type.shape)
     values = _fixed_size_list(array.storage, owner, False).reshape(len(array), *shape)
     if channels_first and array.type.value_type == pa.uint8() and len(shape) in (3, 4) and shape[-1] in (1, 3, 4):
-        return np.ascontiguousarray(np.moveaxis(values, -1, -3))
+        return _channels_first(values)
     return values
+
+
+def _channels_first(values: np.ndarray) -> np.ndarray:
+    """`(..., H, W, C)` as a contiguous `(..., C, H, W)`, one plane at a time: a copy per channel with a contiguous
+    destination runs ~2.5x faster than numpy's general strided copy of `moveaxis` (and faster than torch's)."""
+    channels = values.shape[-1]
+    out = np.empty((*values.shape[:-3], channels, *values.shape[-3:-1]), dtype=values.dtype)
+    for channel in range(channels):
+        out[..., channel, :, :] = values[..., channel]
+    return out
 
 
 def _variable_list(array: pa.ListArray, owner: _Owner | None, decode_images: bool) -> np.ndarray:
