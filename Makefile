@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The episode viewer's browser libraries (uPlot, apache-arrow), pinned by ui/package-lock.json and copied into
+# app/ui/vendor by ui/build.mjs; the stamp is refreshed whenever the pins change.
+UI_STAMP := app/ui/vendor/.built
 
-.PHONY: venv serve test lint format clean
+.PHONY: venv ui serve test lint format clean
 
 $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -12,12 +15,22 @@ $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]" -e "./client[torch,images]"
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(UI_STAMP): ui/package.json ui/package-lock.json ui/build.mjs
+	@if command -v npm >/dev/null 2>&1; then \
+		(cd ui && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error && node build.mjs) && touch $(UI_STAMP) \
+			|| echo "could not build the episode viewer's libraries: /ui/ will say so, and its browser tests skip"; \
+	else \
+		echo "npm not found: the episode viewer's libraries are not built (install nodejs and npm, then: make ui)"; \
+	fi
 
-serve: $(STAMP)
+ui: $(UI_STAMP)
+
+venv: $(STAMP) $(UI_STAMP)
+
+serve: $(STAMP) $(UI_STAMP)
 	$(BIN)/episerve-server serve
 
-test: $(STAMP)
+test: $(STAMP) $(UI_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2 -q
@@ -31,4 +44,4 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis ui/node_modules app/ui/vendor

@@ -18,6 +18,7 @@ from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers, install_problem_schema, problem_responses
+from app.api.ui import install_viewer
 from app.auth import TokenVerifier
 from app.demo import ensure_demo_dataset
 from app.logs import configure_logging
@@ -77,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # or a dataset unreadable.
     guarded = problem_responses(401, 403, 422, 503)
     install_docs(app)
+    install_viewer(app)
     app.include_router(health.router)
     app.include_router(rows.router, dependencies=protected, responses=guarded)
     app.include_router(cache.router, dependencies=protected, responses=guarded)

@@ -91,8 +91,9 @@ class Settings(BaseSettings):
     )
     video_cache_policy: Literal["on-demand", "first-touch", "warmed"] = Field(
         "first-touch",
-        description="Camera frames: decode on demand only; build each video file's decoded-frame segment on first "
-        "touch and serve from it; or serve from segments only where `warm --videos` built them.",
+        description="Camera frames: decode on demand only; build each video file's decoded-frame segment in the "
+        "background on first touch and serve from it once built; or serve from segments only where `warm --videos` "
+        "built them.",
     )
     video_cache_bytes: int | None = Field(
         None,

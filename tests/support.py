@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import httpx
@@ -194,3 +194,11 @@ def write_plain_dataset(path: Path) -> Path:
         values = np.arange(part * 10, part * 10 + 10)
         pq.write_table(pa.table({"x": values, "y": values * 2.0}), path / f"chunk-{part}.parquet")
     return path
+
+
+def eventually(check: Callable[[], bool], seconds: float = 15.0) -> None:
+    """Wait until `check()` holds (polling every 0.1 s); fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.1)

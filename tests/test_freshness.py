@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -15,7 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.demo import write_demo_dataset
-from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream, write_generic_dataset
+from tests.support import (
+    ServerProcess,
+    assert_tables_equal,
+    eventually,
+    oracle,
+    read_stream,
+    write_generic_dataset,
+)
 
 FAST_LOOKS = {"EPISERVE_RESCAN_INTERVAL_S": "0.3"}
 
@@ -32,13 +37,6 @@ def write_same_size(path: Path, values: list[int]) -> None:
 
 def served_values(http: httpx.Client, dataset_id: str) -> list[int]:
     return read_stream(http.get(f"/datasets/{dataset_id}/rows").content)["value"].to_pylist()
-
-
-def eventually(check: Callable[[], bool], seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "not within the deadline"
-        time.sleep(0.1)
 
 
 def test_same_size_rewrite_with_restored_mtime_is_served_fresh_also_after_restart(tmp_path: Path) -> None:

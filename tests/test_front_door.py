@@ -43,6 +43,7 @@ def test_root_lists_links_that_answer(http: httpx.Client) -> None:
     assert body["name"] == "episerve"
     hrefs = {name: link["href"] for name, link in body["links"].items()}
     assert hrefs == {
+        "viewer": "/ui/",
         "docs": "/docs",
         "redoc": "/redoc",
         "openapi": "/openapi.json",
@@ -67,3 +68,4 @@ def test_root_is_an_html_page_of_links_for_browsers(http: httpx.Client) -> None:
         "/healthz",
         "/readyz",
     ]
+    assert re.findall(r"href='([^']+)'", response.text) == ["ui/"]  # the viewer, relative to where / is served

@@ -28,7 +28,7 @@ from app.settings import Settings
 from app.sources.decoders import DecoderPool
 from app.sources.video import decode_nearest, video_features
 from app.store.catalog import Catalog
-from tests.support import ServerProcess, read_stream
+from tests.support import ServerProcess, eventually, read_stream
 from tests.test_operations import run_cli
 from tests.video_oracle import decode_video, episode_video, frames_for_rows
 
@@ -72,13 +72,22 @@ def test_frames_are_served_at_the_configured_size_equal_to_an_area_resize_of_the
                 "indices": [0, 40, 3, 41, 1, 0],
                 "columns": [*ROWS, TOP_CAMERA, WRIST_CAMERA],
             }
-            table = read_stream(http.post(f"/datasets/{name}/rows/take", json=body).content)
-            for key in (TOP_CAMERA, WRIST_CAMERA):
-                frames = served(table, key)
-                assert frames.shape == (6, *size, 3)
-                assert np.array_equal(frames, expected(video_root / name, key, table, size))
-    if policy == "first-touch":
-        assert frame_segments(tmp_path / "cache")  # the cache holds the downscaled frames
+            for _ in ("cold", "cached") if policy == "first-touch" else ("on demand",):
+                table = read_stream(http.post(f"/datasets/{name}/rows/take", json=body).content)
+                for key in (TOP_CAMERA, WRIST_CAMERA):
+                    frames = served(table, key)
+                    assert frames.shape == (6, *size, 3)
+                    assert np.array_equal(frames, expected(video_root / name, key, table, size))
+                if policy == "first-touch":  # the first read queued the builds: the second is served from them
+                    dataset = video_root / name
+                    touched = {
+                        episode_video(dataset, key, episode).path.relative_to(dataset).as_posix()
+                        for key in (TOP_CAMERA, WRIST_CAMERA)
+                        for episode in set(table["episode_index"].to_pylist())
+                    }
+                    eventually(lambda touched=touched: touched <= set(frame_segments(cache)), 120)
+    if policy == "on-demand":
+        assert frame_segments(cache) == {}
 
 
 # -- the disk budget -----------------------------------------------------------------------------------------------
@@ -97,6 +106,7 @@ def test_eviction_under_a_small_budget_keeps_the_most_recently_used_segments_and
             params = {"episodes": str(episode), "columns": ",".join([*ROWS, TOP_CAMERA])}
             table = read_stream(http.get("/datasets/cams-v21/rows", params=params).content)
             assert np.array_equal(served(table, TOP_CAMERA), expected(root, TOP_CAMERA, table))
+            eventually(lambda episode=episode: files[episode] in frame_segments(cache), 60)  # built in the background
             resident = frame_segments(cache)
             assert sum(path.stat().st_size for path in resident.values()) <= budget
             assert files[episode] in resident  # the segment just read stays
@@ -153,6 +163,7 @@ def _build_frames_of(root: str, cache: str, rel: str, barrier: object | None) ->
     spec = parse_episode_spec(f"{episodes[0]}-{episodes[-1]}", 10**9)
     rows = list(range(0, index.total_rows, 7))
     taken = take(dataset, spec, rows, [*ROWS, TOP_CAMERA]).table
+    eventually(lambda: not dataset.frames.queued(rel), 300)  # the build the read queued in the background
     return dataset.frames.builds, hashlib.sha256(served(taken, TOP_CAMERA).tobytes()).hexdigest()
 
 
@@ -186,8 +197,8 @@ def test_sigkill_during_a_frame_segment_build_leaves_nothing_that_is_served(
         body = {"episodes": "0-23", "indices": [0, 500, 17, 1500], "columns": [*ROWS, TOP_CAMERA]}
         table = read_stream(http.post("/datasets/long/rows/take", json=body).content)
         assert np.array_equal(served(table, TOP_CAMERA), expected(long_video_root / "long", TOP_CAMERA, table))
+        eventually(lambda: list(frame_segments(cache)) == [rel], 120)  # rebuilt in the background
     assert list(cache.rglob("*.tmp")) == []
-    assert list(frame_segments(cache)) == [rel]
 
 
 def test_four_processes_asking_for_the_same_cold_video_build_its_segment_once(

@@ -19,6 +19,7 @@ ASSETS_DIRECTORY = files("fastapi_offline") / "static"
 router = APIRouter(tags=["about"])
 
 _LINKS = {
+    "viewer": ("/ui/", "the episode viewer (a web page)"),
     "docs": ("/docs", "interactive API documentation (Swagger UI)"),
     "redoc": ("/redoc", "API reference (ReDoc)"),
     "openapi": ("/openapi.json", "the OpenAPI schema"),
@@ -57,11 +58,15 @@ def home(request: Request) -> Any:
     links = {name: {"href": prefix + path, "title": text} for name, (path, text) in _LINKS.items()}
     if _wants_html(request):
         items = "".join(
-            f'<li><a href="{link["href"]}">{link["href"]}</a>: {link["title"]}</li>' for link in links.values()
+            f'<li><a href="{link["href"]}">{link["href"]}</a>: {link["title"]}</li>'
+            for name, link in links.items()
+            if name != "viewer"  # linked above the list, relatively
         )
         page = (
             f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
-            f"<h1>{title} {request.app.version}</h1><p>{request.app.description}</p><ul>{items}</ul></body></html>"
+            f"<h1>{title} {request.app.version}</h1><p>{request.app.description}</p>"
+            # Relative, so that it resolves under whatever prefix a proxy serves the server at.
+            f"<p><a href='ui/'>Open the episode viewer</a></p><ul>{items}</ul></body></html>"
         )
         return HTMLResponse(page)
     return OrjsonResponse({"name": title, "version": request.app.version, "links": links})

@@ -78,7 +78,9 @@ class Dataset:
         self._looked_at = 0.0  # time.monotonic() of the last look at the files
         self.checked_at: float | None = None  # epoch seconds of the same moment
         self.segments = SegmentStore(cache_dir / "segments", lru, limits.build_batch_bytes, limits.verify_on_open)
-        self.frames = SegmentStore(cache_dir / "frames", lru, limits.build_batch_bytes, limits.verify_on_open)
+        self.frames = SegmentStore(
+            cache_dir / "frames", lru, limits.build_batch_bytes, limits.verify_on_open, builder="frames"
+        )
         self.frame_budget = frame_budget or FrameBudget(cache_dir.parent, limits.video_cache_bytes, lru)
         self.decoders = decoders or DecoderPool(limits.video_decoders)
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
@@ -254,13 +256,26 @@ class Dataset:
         return known
 
     def frame_segment(self, rel: str, schema: pa.Schema, build: bool) -> Segment | None:
-        """The decoded-frame segment of video file `rel`: opened if built; else built first if `build` and the
-        video cache budget has room for it (None otherwise: decode on demand)."""
+        """The decoded-frame segment of video file `rel` if it is built; else None (decode on demand), and with
+        `build` its build queued in the background if the video cache budget has room for it. The request that
+        finds a video cold is answered by decoding on demand, not after decoding the whole file."""
         source = self.file_fingerprint(rel)
         segment = self.frames.open_if_built(source, schema)
         if segment is None:
-            if not build:
-                return None
+            if build and not self.frames.queued(rel):
+                arrow = self.frames.paths(rel).arrow
+                if self.frame_budget.admit(arrow, estimated_segment_bytes(schema, source.rows)):
+                    self.frames.build_in_background(source, schema)
+            return None
+        self.frame_budget.touch(self.frames.paths(rel).arrow)
+        return segment
+
+    def build_frame_segment(self, rel: str, schema: pa.Schema) -> Segment | None:
+        """The decoded-frame segment of video file `rel`, built now if it is not (None if it is larger than the
+        whole video cache budget)."""
+        source = self.file_fingerprint(rel)
+        segment = self.frames.open_if_built(source, schema)
+        if segment is None:
             arrow = self.frames.paths(rel).arrow
             if not self.frame_budget.admit(arrow, estimated_segment_bytes(schema, source.rows)):
                 return None

@@ -243,8 +243,10 @@ class SegmentStore:
         lru: SegmentLRU,
         batch_bytes: int = 8 * 1024 * 1024,
         verify_on_open: bool = True,
+        builder: str = "rows",
     ) -> None:
         self.directory = directory
+        self.builder = builder  # which background builder thread of the process builds this store's segments
         self.reader: Source | None = None  # the dataset's files, set (and renewed) when its index loads
         self.lru = lru
         self.batch_bytes = batch_bytes
@@ -330,6 +332,11 @@ class SegmentStore:
             return None
         return segment
 
+    def queued(self, source_path: str) -> bool:
+        """Whether a background build of this source file's segment is queued or under way in this process."""
+        with self._flights_lock:
+            return source_path in self._queued
+
     def build_in_background(self, source: SourceFingerprint, schema: pa.Schema) -> None:
         """Queue a build of the segment (once; failures are logged and retried by the next request)."""
         with self._flights_lock:
@@ -346,7 +353,7 @@ class SegmentStore:
                 with self._flights_lock:
                     self._queued.discard(source.path)
 
-        _background_builds().submit(build)
+        _background_builds(self.builder).submit(build)
 
     def verify(self, source: SourceFingerprint, schema: pa.Schema) -> str | None:
         """None if the segment on disk is sound (or absent), else what is wrong with it."""
@@ -591,6 +598,7 @@ def remove_file(path: Path) -> list[Removed]:
 
 
 @functools.cache
-def _background_builds() -> ThreadPoolExecutor:
-    """One builder thread per process: background builds queue up instead of competing for the CPU."""
-    return ThreadPoolExecutor(1, thread_name_prefix="episerve-build")
+def _background_builds(builder: str) -> ThreadPoolExecutor:
+    """One builder thread per process and kind of segment: background builds queue up instead of competing for
+    the CPU, and a long decode of a video never holds up the conversion of a parquet file."""
+    return ThreadPoolExecutor(1, thread_name_prefix=f"episerve-build-{builder}")

@@ -1,0 +1,445 @@
+"""The episode viewer (`/ui/`), in a real browser: headless Chromium (Debian's package) driven by Playwright, against
+a real server over the two-camera demo datasets. The page's charts are compared with the parquet files, the frames
+it draws with the server's frames of the same rows, pixel for pixel. Skips when Chromium or the viewer's libraries
+(`make ui`) are missing."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from app.api.ui import VENDOR_DIRECTORY
+from app.demo import JOINT_NAMES, TOP_CAMERA, WRIST_CAMERA
+from tests.support import ServerProcess, oracle, read_stream, source_files
+
+CHROMIUM = Path("/usr/bin/chromium")
+LIBRARIES = ("arrow.min.js", "uplot.min.js", "uplot.min.css")
+TOKEN = "viewer-test-token"
+TIMES, EN_DASH = "\u00d7", "\u2013"  # as the page writes shapes and ranges
+
+
+def libraries_built() -> bool:
+    return all((VENDOR_DIRECTORY / name).is_file() for name in LIBRARIES)
+
+
+# ---- served without a browser ------------------------------------------------------------------------------------
+
+
+def referenced_urls(page: str) -> list[str]:
+    return re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", page)
+
+
+def test_viewer_page_loads_everything_by_relative_urls(http: httpx.Client) -> None:
+    response = http.get("/ui/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    urls = [url for url in referenced_urls(response.text) if not url.startswith(("data:", "#"))]
+    assert {"vendor/arrow.min.js", "vendor/uplot.min.js", "vendor/uplot.min.css", "viewer.js", "viewer.css"} <= set(
+        urls
+    )
+    assert [url for url in urls if url.startswith("/") or "://" in url] == []
+    own = [url for url in urls if not url.startswith(("vendor/", "../"))]
+    for url in own:
+        asset = http.get(f"/ui/{url}")
+        assert asset.status_code == 200 and len(asset.content) > 1000, url
+    script = http.get("/ui/viewer.js").text
+    # The page's API calls resolve against the server's root, whatever prefix a proxy adds.
+    assert 'new URL("../", document.baseURI)' in script
+    assert re.findall(r"""fetch\(\s*["'`]/""", script) == []
+
+
+@pytest.mark.skipif(not libraries_built(), reason="the viewer's libraries are not built (make ui: needs npm)")
+def test_viewer_libraries_are_served_by_the_server_itself(http: httpx.Client) -> None:
+    for name, kind in {"arrow.min.js": "javascript", "uplot.min.js": "javascript", "uplot.min.css": "css"}.items():
+        asset = http.get(f"/ui/vendor/{name}")
+        assert asset.status_code == 200 and kind in asset.headers["content-type"], name
+        assert asset.content == (VENDOR_DIRECTORY / name).read_bytes()
+
+
+def test_ui_without_slash_and_root_lead_to_the_viewer_relatively(http: httpx.Client) -> None:
+    redirect = http.get("/ui", follow_redirects=False)
+    assert redirect.status_code == 308 and redirect.headers["location"] == "ui/"
+    home = http.get("/", headers={"Accept": "text/html"})
+    assert "href='ui/'" in home.text
+    assert http.get("/").json()["links"]["viewer"]["href"] == "/ui/"
+
+
+def test_unknown_viewer_file_is_404(http: httpx.Client) -> None:
+    assert http.get("/ui/nope.js").status_code == 404
+
+
+# ---- in the browser ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium): the viewer's browser tests need it")
+    if not libraries_built():
+        pytest.skip("the viewer's libraries are not built (make ui: needs nodejs and npm)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install .[dev])")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM))
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def viewer_server(video_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with ServerProcess([video_root], tmp_path_factory.mktemp("viewer-cache")) as running:
+        yield running
+
+
+@pytest.fixture()
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    context.close()
+    assert errors == [], f"the page raised: {errors}"
+
+
+def open_viewer(page: Any, server: ServerProcess, fragment: str = "") -> None:
+    """Go to the viewer at `fragment` and wait until that view has rendered (or shown its message)."""
+    page.goto(f"{server.url}/ui/{fragment}")
+    rendered = "v && v.ready && (!v.route || v.route.hash === location.hash)"  # no route: the libraries are missing
+    page.wait_for_function(f"(() => {{ const v = window.episerveViewer; return {rendered}; }})()", timeout=60_000)
+
+
+def viewer_state(page: Any, expression: str) -> Any:
+    return page.evaluate(f"(() => {{ const v = window.episerveViewer; return {expression}; }})()")
+
+
+def canvas_pixels(page: Any, camera: str) -> np.ndarray:
+    """The RGBA pixels a camera's canvas shows, (height, width, 4)."""
+    width, height, data = page.evaluate(
+        """(name) => {
+            const canvas = document.querySelector(`figure.camera[data-camera="${name}"] canvas`);
+            const image = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height);
+            return [canvas.width, canvas.height, Array.from(image.data)];
+        }""",
+        camera,
+    )
+    return np.array(data, dtype=np.uint8).reshape(height, width, 4)
+
+
+def server_frame(server: ServerProcess, dataset: str, episode: int, row: int, camera: str) -> np.ndarray:
+    """The server's frame of a row of the episode, (height, width, 3), read the way any client reads it."""
+    params = {"episodes": str(episode), "start": str(row), "stop": str(row + 1), "columns": camera}
+    response = httpx.get(f"{server.url}/datasets/{dataset}/rows", params=params, timeout=60)
+    assert response.status_code == 200, response.text
+    return read_stream(response.content)[camera].combine_chunks().to_numpy_ndarray()[0]
+
+
+def distinct_colours(png: bytes) -> int:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        return len(image.convert("RGB").getcolors(maxcolors=1 << 24))
+
+
+def test_catalog_lists_every_dataset_with_its_cameras_and_cache(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server)
+    page.wait_for_function("document.querySelectorAll('#datasets td.muted').length === 0")
+    served = httpx.get(f"{viewer_server.url}/datasets").json()["datasets"]
+    rows = page.locator("#datasets tbody tr")
+    assert [rows.nth(i).get_attribute("data-id") for i in range(rows.count())] == [d["id"] for d in served]
+    for i, dataset in enumerate(served):
+        cells = rows.nth(i).locator("td").all_inner_texts()
+        assert cells[:5] == [
+            dataset["id"],
+            dataset["format"],
+            f"{dataset['rows']:,}",
+            f"{dataset['episodes']:,}",
+            f"{dataset['fps']:g}",
+        ]
+        for camera, shape in {
+            TOP_CAMERA: (64, 96, 3),
+            WRIST_CAMERA: (48, 64, 3),
+            "observation.image": (16, 16, 3),
+        }.items():
+            assert f"{camera} ({TIMES.join(map(str, shape))})" in cells[5]
+        assert re.fullmatch(r"\d+/\d+ segments, \d+ frame segments", cells[6]), cells[6]
+
+
+def test_episode_list_filters_by_task_and_length(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3")
+    episodes = httpx.get(f"{viewer_server.url}/datasets/cams-v3/episodes").json()["episodes"]
+
+    def listed() -> list[int]:
+        cells = page.locator("#episodes tbody tr").evaluate_all("rows => rows.map(r => Number(r.dataset.episode))")
+        return cells
+
+    assert listed() == [e["episode_index"] for e in episodes]
+    lengths = page.locator("#episodes tbody tr td:nth-child(2)").all_inner_texts()
+    assert lengths == [f"{e['length']:,}" for e in episodes]
+    task = episodes[0]["tasks"][0]
+    page.select_option("#filter-task", task)
+    assert listed() == [e["episode_index"] for e in episodes if task in e["tasks"]]
+    median = sorted(e["length"] for e in episodes)[len(episodes) // 2]
+    page.fill("#filter-min", str(median))
+    wanted = [e["episode_index"] for e in episodes if task in e["tasks"] and e["length"] >= median]
+    assert listed() == wanted
+    page.fill("#filter-max", str(median))
+    assert listed() == [e["episode_index"] for e in episodes if task in e["tasks"] and e["length"] == median]
+    assert "of 9 episodes" in page.inner_text("#filter-count")
+    page.fill("#filter-max", "")
+    page.locator("#episodes tbody a").first.click()
+    page.wait_for_function("window.episerveViewer.ready && window.episerveViewer.view")
+    assert viewer_state(page, "v.view.episode") == wanted[0]
+
+
+@pytest.mark.parametrize("dataset", ["cams-v3", "cams-v21"])
+def test_episode_charts_hold_the_episodes_parquet_values(
+    page: Any, viewer_server: ServerProcess, video_root: Path, dataset: str
+) -> None:
+    episode = 4
+    open_viewer(page, viewer_server, f"#dataset={dataset}&episode={episode}")
+    assert viewer_state(page, "v.message") is None
+    expected = oracle(video_root / dataset, [episode])
+    assert viewer_state(page, "v.view.length") == expected.num_rows
+    assert viewer_state(page, "v.view.features") == ["observation.state", "action"]
+    assert viewer_state(page, "v.view.x") == expected["timestamp"].to_pylist()
+    for feature in ("observation.state", "action"):
+        chart = viewer_state(page, f"v.view.charts[{feature!r}]")
+        assert chart["labels"] == list(JOINT_NAMES)
+        per_dimension = np.array(expected[feature].to_pylist(), dtype=np.float64).T
+        assert chart["values"] == per_dimension.tolist()
+    # The charts as drawn: one uPlot per feature, a legend entry per dimension named from the metadata.
+    titles = page.locator(".chart .u-title").all_inner_texts()
+    assert titles == ["observation.state", "action"]
+    legend = page.locator(".chart[data-feature='action'] .u-legend .u-label").all_inner_texts()
+    assert legend == ["time (s)", *JOINT_NAMES]
+    tasks = httpx.get(f"{viewer_server.url}/datasets/{dataset}/episodes").json()["episodes"][episode]["tasks"]
+    assert f"task: {tasks[0]}" in page.inner_text("#episode-summary")
+
+
+def test_generic_dataset_charts_its_numeric_columns_with_nulls_as_gaps(
+    page: Any, server: ServerProcess, datasets_root: Path
+) -> None:
+    # No LeRobot metadata: the numeric columns are found from their Arrow types, null rows are gaps (null).
+    open_viewer(page, server, "#dataset=nullable&episode=1")
+    assert viewer_state(page, "v.message") is None
+    expected = oracle(datasets_root / "nullable", [1])
+    assert viewer_state(page, "v.view.features") == ["pose", "reading", "count", "step"]
+    pose = viewer_state(page, "v.view.charts.pose")
+    assert pose["labels"] == ["pose[0]", "pose[1]", "pose[2]"]
+    rows = expected["pose"].to_pylist()
+    assert pose["values"] == [[None if row is None else row[d] for row in rows] for d in range(3)]
+    for name in ("reading", "count", "step"):
+        chart = viewer_state(page, f"v.view.charts[{name!r}]")
+        assert chart == {"labels": [name], "values": [expected[name].to_pylist()]}
+    assert None in viewer_state(page, "v.view.charts.reading.values[0]")
+    # A dataset without an episode column is one episode, read without `episodes=`.
+    open_viewer(page, server, "#dataset=plain&episode=0")
+    assert viewer_state(page, "v.message") is None
+    stored = pa.concat_tables([pq.read_table(path) for path in source_files(datasets_root / "plain")])
+    assert viewer_state(page, "v.view.charts.y.values") == [stored["y"].to_pylist()]
+
+
+@pytest.mark.parametrize("dataset", ["cams-v3", "cams-v21"])
+def test_cursor_moves_the_frames_and_the_chart_marker_together(
+    page: Any, viewer_server: ServerProcess, video_root: Path, dataset: str
+) -> None:
+    episode = 2
+    open_viewer(page, viewer_server, f"#dataset={dataset}&episode={episode}")
+    marker = page.locator(".chart[data-feature='observation.state'] .cursor-marker")
+    left_at_start = float(marker.evaluate("m => parseFloat(m.style.left)"))
+    for camera in (TOP_CAMERA, WRIST_CAMERA):
+        shown = canvas_pixels(page, camera)
+        assert (shown[..., :3] == server_frame(viewer_server, dataset, episode, 0, camera)).all(), camera
+
+    page.fill("#scrub", "17")  # scrub
+    page.wait_for_function("window.episerveViewer.view.shownFrame === 17")
+    page.locator("body").press("ArrowRight")  # step
+    page.wait_for_function("window.episerveViewer.view.shownFrame === 18")
+    assert viewer_state(page, "v.view.cursor") == 18
+    for camera in (TOP_CAMERA, WRIST_CAMERA):
+        shown = canvas_pixels(page, camera)
+        expected = server_frame(viewer_server, dataset, episode, 18, camera)
+        assert shown.shape[:2] == expected.shape[:2]
+        assert (shown[..., :3] == expected).all(), camera
+        assert (shown[..., 3] == 255).all()
+        assert not (expected == server_frame(viewer_server, dataset, episode, 0, camera)).all()
+    x = viewer_state(page, "v.view.x")
+    left = float(marker.evaluate("m => parseFloat(m.style.left)"))
+    plot_width = marker.evaluate("m => m.parentElement.clientWidth")
+    assert left > left_at_start
+    assert left == pytest.approx(left_at_start + plot_width * (x[18] - x[0]) / (x[-1] - x[0]), abs=1.5)
+    assert page.inner_text("#position").startswith("frame 18 / ")
+    # The legends show the values at the cursor.
+    row = oracle(video_root / dataset, [episode]).slice(18, 1)
+    legend = page.locator(".chart[data-feature='action'] .u-legend .u-value").all_inner_texts()
+    assert legend == [f"{row['timestamp'][0].as_py():.3f}", *(f"{v:.4f}" for v in row["action"][0].as_py())]
+
+
+def test_parquet_image_column_is_drawn_as_stored(page: Any, viewer_server: ServerProcess, video_root: Path) -> None:
+    from PIL import Image
+
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    page.locator("#step-forward").click()
+    page.locator("#step-forward").click()
+    page.wait_for_function("window.episerveViewer.view.shownFrame === 2")
+    png = oracle(video_root / "cams-v3", [1])["observation.image"][2].as_py()["bytes"]
+    with Image.open(io.BytesIO(png)) as image:
+        expected = np.asarray(image.convert("RGB"))
+    shown = canvas_pixels(page, "observation.image")
+    assert (shown[..., :3] == expected).all()
+
+
+def test_previous_and_next_episode_links_open_the_neighbouring_episodes(
+    page: Any, viewer_server: ServerProcess, video_root: Path
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v21&episode=0")
+    assert page.locator("#previous-episode").is_hidden()
+    page.click("#next-episode")
+    page.wait_for_function("window.episerveViewer.ready && window.episerveViewer.view?.episode === 1")
+    expected = oracle(video_root / "cams-v21", [1])
+    assert viewer_state(page, "v.view.x") == expected["timestamp"].to_pylist()
+    assert viewer_state(page, "v.view.shownFrame") == 0
+    assert page.locator(".chart").count() == 2  # the previous episode's charts are gone
+    page.click("#previous-episode")
+    page.wait_for_function("window.episerveViewer.ready && window.episerveViewer.view?.episode === 0")
+    open_viewer(page, viewer_server, "#dataset=cams-v21&episode=8")
+    assert page.locator("#next-episode").is_hidden() and page.inner_text("#previous-episode") == "\u2190 episode 7"
+
+
+def test_play_advances_the_cursor_at_the_datasets_fps_and_pause_stops_it(
+    page: Any, viewer_server: ServerProcess
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=2")
+    page.locator("#play").click()
+    page.wait_for_function("window.episerveViewer.view.cursor >= 15", timeout=10_000)
+    page.locator("#play").click()
+    assert page.inner_text("#play") == "play"
+    stopped = viewer_state(page, "v.view.cursor")
+    page.wait_for_timeout(300)
+    assert viewer_state(page, "v.view.cursor") == stopped
+    page.wait_for_function(f"window.episerveViewer.view.shownFrame === {stopped}")
+    # Frames were fetched as the cursor moved, not one request per row played and not all at once.
+    assert 1 < viewer_state(page, "v.view.frameRequests") <= stopped + 1
+
+
+def test_screenshots_of_the_pages_are_not_blank(page: Any, viewer_server: ServerProcess, tmp_path: Path) -> None:
+    open_viewer(page, viewer_server)
+    catalog = page.screenshot(path=tmp_path / "catalog.png", full_page=True)
+    assert distinct_colours(catalog) > 50
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=3")
+    page.fill("#scrub", "9")
+    page.wait_for_function("window.episerveViewer.view.shownFrame === 9")
+    episode = page.screenshot(path=tmp_path / "episode.png", full_page=True)
+    assert (tmp_path / "episode.png").stat().st_size > 20_000
+    assert distinct_colours(episode) > 1000
+    camera = page.locator(f"figure.camera[data-camera='{TOP_CAMERA}'] canvas").screenshot(path=tmp_path / "top.png")
+    assert distinct_colours(camera) > 200
+    chart = page.locator(".chart[data-feature='action'] canvas").screenshot(path=tmp_path / "chart.png")
+    assert distinct_colours(chart) > 20
+
+
+@pytest.mark.parametrize(
+    ("fragment", "message"),
+    [
+        ("#dataset=no-such-dataset", "Dataset 'no-such-dataset' was not found"),
+        ("#dataset=no-such-dataset&episode=1", "Dataset 'no-such-dataset' was not found"),
+        ("#dataset=cams-v3&episode=999", f"Episode 999 is not in dataset 'cams-v3' (its episodes are 0{EN_DASH}8)"),
+        ("#dataset=cams-v3&episode=two", "'two' is not an episode number"),
+    ],
+)
+def test_unknown_dataset_or_episode_in_the_url_shows_a_clear_message(
+    page: Any, viewer_server: ServerProcess, fragment: str, message: str
+) -> None:
+    open_viewer(page, viewer_server, fragment)
+    alert = page.locator("#message")
+    assert alert.is_visible()
+    assert message in alert.inner_text()
+    assert page.locator("main:visible").count() == 0
+
+
+def test_viewer_works_under_a_path_prefix(page: Any, viewer_server: ServerProcess) -> None:
+    # As behind a proxy serving the server at /episerve/: the browser sees only prefixed URLs, which the route
+    # forwards to the server without the prefix; a URL that escaped the prefix would never reach the server.
+    prefix = "/episerve"
+    requested: list[str] = []
+
+    def forward(route: Any) -> None:
+        path = route.request.url.removeprefix(viewer_server.url)
+        requested.append(path)
+        if path.startswith(prefix + "/"):
+            route.continue_(url=viewer_server.url + path.removeprefix(prefix))
+        else:
+            route.fulfill(status=404, body="outside the prefix")
+
+    page.route(f"{viewer_server.url}/**", forward)
+    page.goto(f"{viewer_server.url}{prefix}/ui/#dataset=cams-v3&episode=2")
+    page.wait_for_function("window.episerveViewer && window.episerveViewer.ready", timeout=60_000)
+    page.fill("#scrub", "5")
+    page.wait_for_function("window.episerveViewer.view.shownFrame === 5")
+    assert viewer_state(page, "v.message") is None
+    assert [path for path in requested if not path.startswith(prefix + "/")] == []
+    assert {f"{prefix}/ui/vendor/arrow.min.js", f"{prefix}/datasets/cams-v3"} <= set(requested)
+    assert (canvas_pixels(page, TOP_CAMERA)[..., :3] == server_frame(viewer_server, "cams-v3", 2, 5, TOP_CAMERA)).all()
+
+
+def test_charts_follow_the_window_width(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=2")
+    width = "document.querySelector('.chart .uplot').offsetWidth"
+    wide = page.evaluate(width)
+    page.set_viewport_size({"width": 800, "height": 1000})
+    page.wait_for_function(f"{width} < {wide - 300}")
+    page.fill("#scrub", "10")
+    marker = page.locator(".chart .cursor-marker").first.evaluate("m => parseFloat(m.style.left)")
+    assert 0 < marker < 800
+
+
+def test_page_asks_for_a_token_when_the_server_requires_one(
+    browser: Any, video_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    env = {"EPISERVE_TOKENS": TOKEN}
+    with ServerProcess([video_root], tmp_path_factory.mktemp("viewer-token-cache"), env=env) as server:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(f"{server.url}/ui/#dataset=cams-v3&episode=0")
+        page.wait_for_selector("#token-form", state="visible")
+        assert "requires a bearer token" in page.inner_text("#token-reason")
+        page.fill("#token-input", "wrong")
+        page.click("#token-form button")
+        page.wait_for_function("document.getElementById('token-reason').textContent.includes('not accepted')")
+        page.fill("#token-input", TOKEN)
+        page.click("#token-form button")
+        page.wait_for_function("window.episerveViewer.ready && window.episerveViewer.view", timeout=60_000)
+        assert page.evaluate("window.episerveViewer.view.shownFrame") == 0
+        assert page.evaluate("sessionStorage.getItem('episerve.token')") == TOKEN
+        # The token stays for the tab: another view needs no new prompt.
+        page.goto(f"{server.url}/ui/#dataset=cams-v21")
+        page.wait_for_function("window.episerveViewer.ready")
+        assert page.locator("#token-form").is_hidden()
+        assert page.locator("#episodes tbody tr").count() == 9
+        context.close()
+
+
+def test_missing_libraries_show_how_to_build_them(page: Any, viewer_server: ServerProcess) -> None:
+    # As on a server whose checkout never ran `make ui`: the library files answer 404.
+    page.route("**/vendor/*", lambda route: route.fulfill(status=404, body="not found"))
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=0")
+    alert = page.locator("#message")
+    assert alert.is_visible()
+    assert "make ui" in alert.inner_text() and "not installed" in alert.inner_text()
+
+
+def test_frames_arrive_as_arrow_tensors_the_page_reads(viewer_server: ServerProcess) -> None:
+    # What the page relies on: a camera column is a fixed-shape uint8 tensor of (height, width, 3) per row.
+    params = {"episodes": "2", "start": "0", "stop": "1", "columns": f"{TOP_CAMERA},{WRIST_CAMERA}"}
+    table = read_stream(httpx.get(f"{viewer_server.url}/datasets/cams-v3/rows", params=params).content)
+    assert isinstance(table[TOP_CAMERA].type, pa.FixedShapeTensorType)
+    assert table[TOP_CAMERA].type.shape == [64, 96, 3] and table[WRIST_CAMERA].type.shape == [48, 64, 3]
+    assert table[TOP_CAMERA].type.value_type == pa.uint8()
