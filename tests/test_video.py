@@ -105,6 +105,17 @@ def test_windows_reaching_past_both_episode_ends_clamp_and_pad(video_root: Path,
         assert table[f"{TOP_CAMERA}_is_pad"][row].as_py() == pads
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_an_empty_slice_of_a_windowed_camera_has_the_window_type(http: httpx.Client, name: str) -> None:
+    query = {"stop": 0, "columns": "frame_index", "delta_timestamps": orjson.dumps({TOP_CAMERA: [0, 1 / 30]}).decode()}
+    response = http.get(f"/datasets/{name}/rows", params=query)
+    assert response.status_code == 200
+    table = read_stream(response.content)
+    assert table.num_rows == 0
+    assert table.schema.field(TOP_CAMERA).type == pa.fixed_shape_tensor(pa.uint8(), [2, 64, 96, 3])
+    assert int(response.headers["x-total-rows"]) > 0
+
+
 def test_unknown_camera_is_422_naming_the_available_columns(http: httpx.Client) -> None:
     response = http.get("/datasets/cams-v3/rows", params={"columns": "observation.images.side", "stop": 3})
     assert_problem(response, 422, "'observation.images.side'", TOP_CAMERA)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 
 from app.api.deps import get_catalog, get_dataset
 from app.api.problems import problem_responses
-from app.reads.describe import describe_dataset, list_episodes, summarize_dataset
+from app.reads.describe import dataset_stats, describe_dataset, list_episodes, summarize_dataset
 from app.store.catalog import Catalog
 from app.store.dataset import Dataset
 
@@ -21,10 +21,24 @@ def list_datasets(catalog: Catalog = Depends(get_catalog)) -> dict[str, Any]:
 
 
 @router.get(
-    "/datasets/{dataset_id:path}/episodes", summary="Per-episode length and tasks", responses=problem_responses(404)
+    "/datasets/{dataset_id:path}/episodes",
+    summary="Per-episode length, row range and tasks",
+    responses=problem_responses(404),
 )
 def dataset_episodes(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any]:
     return {"dataset": dataset.id, "episodes": list_episodes(dataset)}
+
+
+@router.get(
+    "/datasets/{dataset_id:path}/stats",
+    summary="Feature statistics (min, max, mean, std, count, quantiles) as LeRobot loads them",
+    description="From `meta/stats.json` (LeRobot v3.0), or merged from `meta/episodes_stats.jsonl` (v2.1), "
+    "count-weighted like LeRobot's `aggregate_stats`. `stats` and `source` are null for a dataset without "
+    "statistics.",
+    responses=problem_responses(404),
+)
+def dataset_statistics(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any]:
+    return dataset_stats(dataset)
 
 
 @router.get(

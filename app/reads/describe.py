@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from app.sources.stats import load_stats
 from app.store.dataset import Dataset
 
 
@@ -59,14 +60,27 @@ def _iso_utc(epoch_seconds: float | None) -> str | None:
 
 
 def list_episodes(dataset: Dataset) -> list[dict[str, Any]]:
-    """One entry per episode: index, length, and tasks where the format records them."""
+    """One entry per episode: index, length, its rows `[dataset_from_index, dataset_to_index)` in the view of
+    every episode (LeRobot's global `index` range for a well-formed dataset), and tasks where the format records
+    them."""
     index = dataset.index()
     meta = dataset.info()
     lengths = index.episode_lengths.tolist()
     episodes = index.episodes.tolist()
-    if not meta.episode_tasks:
-        return [{"episode_index": e, "length": n} for e, n in zip(episodes, lengths, strict=True)]
-    return [
-        {"episode_index": e, "length": n, "tasks": meta.episode_tasks.get(e, [])}
-        for e, n in zip(episodes, lengths, strict=True)
+    ends = np.cumsum(index.episode_lengths, dtype=np.int64).tolist()
+    entries = [
+        {"episode_index": e, "length": n, "dataset_from_index": end - n, "dataset_to_index": end}
+        for e, n, end in zip(episodes, lengths, ends, strict=True)
     ]
+    if meta.episode_tasks:
+        for entry in entries:
+            entry["tasks"] = meta.episode_tasks.get(entry["episode_index"], [])
+    return entries
+
+
+def dataset_stats(dataset: Dataset) -> dict[str, Any]:
+    """The dataset's feature statistics as LeRobot loads them (`{feature: {stat: values}}`), the file they come
+    from, or None for both when the dataset has none."""
+    source = dataset.source()
+    stats, path = load_stats(source.root, source.info.format)
+    return {"dataset": dataset.id, "stats": stats, "source": path}

@@ -322,6 +322,10 @@ def _apply_windows(
 
 def _camera_windows(frames: pa.FixedShapeTensorArray, width: int) -> pa.FixedShapeTensorArray:
     """Frames gathered row-major (n * width) as one (width, height, width, channels) tensor per row."""
+    if len(frames) == 0:  # pyarrow cannot build a tensor array from an empty ndarray (a count: `stop=0`)
+        kind = pa.fixed_shape_tensor(frames.type.value_type, [width, *frames.type.shape])
+        storage = pa.FixedSizeListArray.from_arrays(pa.array([], frames.type.value_type), kind.storage_type.list_size)
+        return pa.ExtensionArray.from_storage(kind, storage)
     stacked = frames.to_numpy_ndarray()
     return pa.FixedShapeTensorArray.from_numpy_ndarray(stacked.reshape(-1, width, *stacked.shape[1:]))
 

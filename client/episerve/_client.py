@@ -100,8 +100,13 @@ class Client:
         return self._json("GET", _path(dataset_id))
 
     def episodes(self, dataset_id: str) -> list[dict[str, Any]]:
-        """Per-episode `episode_index`, `length` and, where the format records them, `tasks`."""
+        """Per-episode `episode_index`, `length`, row range `[dataset_from_index, dataset_to_index)` in the view of
+        every episode and, where the format records them, `tasks`."""
         return self._json("GET", _path(dataset_id, "/episodes"))["episodes"]
+
+    def stats(self, dataset_id: str) -> dict[str, Any] | None:
+        """The dataset's feature statistics as LeRobot loads them, `{feature: {stat: values}}` (None without any)."""
+        return self._json("GET", _path(dataset_id, "/stats"))["stats"]
 
     def cache_status(self, dataset_id: str) -> dict[str, Any]:
         """The dataset's cache on the server: segments built and total, bytes, builds in progress, warm-up job."""

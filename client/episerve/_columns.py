@@ -42,25 +42,31 @@ def table_columns(
     buffers: Sequence[pa.Buffer] = (),
     decode_images: bool = False,
     defer_blobs: bool = False,
+    channels_first: bool = True,
 ) -> Columns:
     """Each column of `table` as one array whose first axis is the row (object arrays for Python values).
 
     `buffers` are the writable buffers the table was read from; columns lying in them are viewed, not copied.
     With `defer_blobs`, binary columns and undecoded images are `DeferredBlobs`, copied out only when handed out.
+    Without `channels_first`, camera frames stay (rows, [T,] H, W, C) views, for a caller that transposes them
+    in a copy it makes anyway.
     """
     owner = _Owner(buffers) if buffers else None
     return {
-        name: _chunked(table.column(i), owner, decode_images, defer_blobs) for i, name in enumerate(table.column_names)
+        name: _chunked(table.column(i), owner, decode_images, defer_blobs, channels_first)
+        for i, name in enumerate(table.column_names)
     }
 
 
-def _chunked(column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool, defer_blobs: bool) -> Column:
+def _chunked(
+    column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool, defer_blobs: bool, channels_first: bool = True
+) -> Column:
     chunks = [c for c in column.chunks if len(c)] or [pa.nulls(0, type=column.type)]
     if defer_blobs and is_binary(column.type):
         return DeferredBlobs.of(chunks)
     if defer_blobs and is_image(column.type) and not decode_images:
         return DeferredBlobs.of([_image_bytes(chunk) for chunk in chunks])
-    parts = [_array(c, owner, decode_images) for c in chunks]
+    parts = [_array(c, owner, decode_images, channels_first) for c in chunks]
     if len(parts) == 1:
         return parts[0]
     if all(p.dtype != object for p in parts) and len({(p.dtype, p.shape[1:]) for p in parts}) == 1:
@@ -73,10 +79,10 @@ def _chunked(column: pa.ChunkedArray, owner: _Owner | None, decode_images: bool,
     return out
 
 
-def _array(array: pa.Array, owner: _Owner | None, decode_images: bool) -> np.ndarray:
+def _array(array: pa.Array, owner: _Owner | None, decode_images: bool, channels_first: bool = True) -> np.ndarray:
     kind = array.type
     if isinstance(kind, pa.FixedShapeTensorType):
-        return _tensors(array, owner)
+        return _tensors(array, owner, channels_first)
     if pa.types.is_fixed_size_list(kind):
         return _fixed_size_list(array, owner, decode_images)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
@@ -148,13 +154,13 @@ def _fixed_size_list(array: pa.FixedSizeListArray, owner: _Owner | None, decode_
     return _list_rows(array, values, np.arange(len(array) + 1) * size)
 
 
-def _tensors(array: pa.ExtensionArray, owner: _Owner | None) -> np.ndarray:
+def _tensors(array: pa.ExtensionArray, owner: _Owner | None, channels_first: bool = True) -> np.ndarray:
     """A fixed-shape tensor column as one array of `(rows, *shape)`. Camera frames, which the server sends as
     (height, width, channels) (or (time, height, width, channels) for windows), come channels-first, as decoded
     images do: `(rows, C, H, W)` / `(rows, T, C, H, W)`."""
     shape = list(array.type.shape)
     values = _fixed_size_list(array.storage, owner, False).reshape(len(array), *shape)
-    if array.type.value_type == pa.uint8() and len(shape) in (3, 4) and shape[-1] in (1, 3, 4):
+    if channels_first and array.type.value_type == pa.uint8() and len(shape) in (3, 4) and shape[-1] in (1, 3, 4):
         return _channels_first(values)
     return values
 

@@ -78,12 +78,14 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
             return batch
         return [self.transform(sample) for sample in batch]
 
-    def _fetch(self, indices: Sequence[int]) -> Batch:
+    def _fetch(self, indices: Sequence[int], channels_first: bool = True) -> Batch:
         positions = np.asarray(indices, dtype=np.int64).reshape(-1)
         positions = np.where(positions < 0, positions + self._length, positions)
         if len(positions) and (positions.min() < 0 or positions.max() >= self._length):
             bad = np.asarray(indices).reshape(-1)[(positions < 0) | (positions >= self._length)]
             raise IndexError(f"index {bad[0]} out of range for a view of {self._length} rows")
         pages = self.client.read_take(self.selection, positions)
-        columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images)
+        columns = table_columns(
+            pages.table, buffers=pages.buffers, decode_images=self.decode_images, channels_first=channels_first
+        )
         return Batch(to_output(columns, self.output), len(positions))

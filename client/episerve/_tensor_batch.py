@@ -7,7 +7,9 @@ fetch. `TensorBatch` packs its tensors into one block when it is pickled, and th
 as views of that block. A block of up to `INLINE_BLOCK_BYTES` (a 256-row batch of state/action vectors is
 about 40 KB) travels inside the pickle, through the worker's result pipe: creating, passing and mapping a
 shared-memory file costs more than copying that many bytes. A larger block goes to shared memory: one
-descriptor per batch.
+descriptor per batch; the block is allocated in shared memory, so it is filled once and never copied again.
+Tensors already in shared memory (a large column written there directly, see `shared_empty`) are left out of the
+block and passed by descriptor as they are.
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ class TensorBatch(dict):
     def __reduce__(self) -> tuple[Any, ...]:
         torch = sys.modules.get("torch")  # tensors only exist once torch is imported
         packed = {}
-        if torch is not None:
-            packed = {k: v for k, v in self.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"}
+        if torch is not None:  # tensors already in shared memory travel as they are: one descriptor, no copy
+            packed = {
+                k: v
+                for k, v in self.items()
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.is_shared()
+            }
         if len(packed) < 2 or any(t.requires_grad for t in packed.values()):
             return (dict, (dict(self),))
         layout, size = _layout(packed)
@@ -47,7 +53,7 @@ class TensorBatch(dict):
             data = bytearray(size)
             _fill(torch.frombuffer(data, dtype=torch.uint8), layout, packed)
             return (_unpack_bytes, (data, layout, others, list(self)))
-        block = torch.empty(size, dtype=torch.uint8)  # torch's pickler moves it to shared memory
+        block = _shared_block(torch, size)
         _fill(block, layout, packed)
         return (_unpack, (block, layout, others, list(self)))
 
@@ -66,6 +72,27 @@ def _layout(tensors: dict[str, Any]) -> tuple[Layout, int]:
 def _fill(block: Any, layout: Layout, tensors: dict[str, Any]) -> None:
     for (_, dtype, shape, offset), tensor in zip(layout, tensors.values(), strict=True):
         _view(block, dtype, shape, offset).copy_(tensor)
+
+
+def shared_empty(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised tensor in shared memory: a DataLoader worker that writes a large column there directly
+    (`TensorBatch` then passes it without packing it) saves a copy of it and the page faults of a second
+    allocation. A plain tensor where shared memory cannot be had."""
+    size = math.prod(shape) * dtype.itemsize
+    try:
+        return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(size), 0, shape)
+    except (AttributeError, RuntimeError):
+        return torch.empty(shape, dtype=dtype)
+
+
+def _shared_block(torch: Any, size: int) -> Any:
+    """`size` bytes allocated in shared memory, which torch's pickler then passes as they are: a block allocated
+    privately would be copied into shared memory once more when pickled (236 MB a batch of 64 float32 480x640
+    frames)."""
+    try:
+        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
+    except (AttributeError, RuntimeError):  # a torch without it: its pickler copies the block instead
+        return torch.empty(size, dtype=torch.uint8)
 
 
 def _unpack_bytes(data: bytearray, layout: Layout, others: dict[str, Any], order: list[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import episerve
-from episerve._tensor_batch import INLINE_BLOCK_BYTES, TensorBatch
+from episerve._tensor_batch import INLINE_BLOCK_BYTES, TensorBatch, shared_empty
 from tests.client.helpers import DEMO, assert_batch_equals_view, exactly_once, positions_by_index
 
 
@@ -81,6 +81,17 @@ def test_large_batches_go_to_shared_memory_as_one_block() -> None:
     assert len(data) < tensor_bytes // 4  # only a descriptor and the layout (and the list) are pickled
     received["frame"] += 1
     assert torch.equal(received["frame"], batch["frame"] + 1) and torch.equal(received["state"], batch["state"])
+
+
+def test_a_tensor_already_in_shared_memory_travels_as_it_is_and_the_rest_as_one_block() -> None:
+    frames = shared_empty(torch, (4, 3, 8, 8), torch.float32)
+    frames.copy_(torch.rand(4, 3, 8, 8))
+    batch = TensorBatch(frames=frames, state=torch.arange(8.0).reshape(4, 2), index=torch.arange(4))
+    received = pickle.loads(worker_pickle(batch))
+    assert list(received) == ["frames", "state", "index"]
+    assert all(torch.equal(received[k], v) for k, v in batch.items())
+    assert received["frames"].untyped_storage().size() == frames.nbytes  # its own storage, not packed
+    assert received["state"].untyped_storage().data_ptr() == received["index"].untyped_storage().data_ptr()
 
 
 def test_copies_stay_batches_and_plain_pickles_carry_the_values() -> None:

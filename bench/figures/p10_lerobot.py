@@ -1,0 +1,145 @@
+"""P10: `RemoteLeRobotDataset` (LeRobotDataset's samples from the server) through a torch DataLoader, samples/s,
+against LeRobot's per-sample path over the same files, in one run.
+
+On P9's camera datasets (one AV1 camera, GOP 2, 480x640 and 224x224; see `bench/camera_datasets.py`), every
+loader is a DataLoader with batch 64, 2 workers and shuffle, over samples holding the camera frame (float32 in
+[0, 1]), a 50-step action window with its `action_is_pad`, the state, the standard columns and `task`:
+
+- (a) `RemoteLeRobotDataset` with `collate_fn=RemoteLeRobotDataset.collate` against a server with
+  `EPISERVE_VIDEO_CACHE_POLICY=on-demand` (frames decoded per request);
+- (b) the same against a `first-touch` server after `episerve-server warm DATASET --videos` (frames read from the
+  decoded-frame segments);
+- (c) the LeRobot-style per-sample path (`bench/peers/lerobot_camera.py`: one decoder open, seek and float
+  conversion per sample), torch's default collate.
+
+The clock starts once the first batch has arrived (worker start-up excluded); the loaders run `Scale.rounds`
+times, interleaved, and the table shows medians. Before measuring, a few samples are checked to be equal, key by
+key, through both paths. The sample counts are P9's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from bench.camera_datasets import CameraDataset, ensure_camera_dataset
+from bench.config import CameraSize
+from bench.context import Context
+from bench.datasets import ACTION, FPS
+from bench.figures.p3_loader import samples_per_second
+from bench.figures.p9_camera import warm_seconds
+from bench.peers.lerobot_camera import LeRobotStyleCameraSamples
+from bench.processes import EpiserveServer
+from bench.report import Row
+from bench.timing import Figures, in_rounds, medians, ratio_spread
+
+BATCH = 64
+WORKERS = 2
+HORIZON = 50
+DELTA_TIMESTAMPS = {ACTION: [k / FPS for k in range(HORIZON)]}
+KEY = "samples_per_s"
+TARGETS = {"on demand": 2.0, "cache": 5.0}  # at 480x640; 224x224 is stated for information
+LABELS = {
+    "on demand": "RemoteLeRobotDataset on demand",
+    "cache": "RemoteLeRobotDataset from the decoded-frame cache",
+}
+
+
+def run(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for size in ctx.scale.p9.cameras:
+        print(f"# P10 {size.name} ...", file=sys.stderr)
+        rows += _camera(ctx, size)
+    ctx.notes.append(
+        f"P10: samples of one camera frame (float32), a {HORIZON}-step action window with its padding mask, the "
+        "state, the standard columns and `task`, as LeRobotDataset returns them; DataLoader batch 64, 2 workers, "
+        "shuffled. Targets at 480x640 (≥ 2x on demand, ≥ 5x from the cache); 224x224 for information."
+    )
+    return rows
+
+
+def _camera(ctx: Context, size: CameraSize) -> list[Row]:
+    dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
+    cache = ctx.scratch(f"p10-{size.name}")
+    try:
+        warm_seconds(ctx, dataset, cache)
+        settings = {"EPISERVE_VIDEO_CACHE_POLICY": "on-demand"}
+        with (
+            EpiserveServer(dataset.root, cache, ctx.logs, workers=2, settings=settings) as on_demand,
+            EpiserveServer(dataset.root, cache, ctx.logs, workers=2) as cached,
+        ):
+            loaders = _loaders(dataset, on_demand.url, cached.url)
+            _check_same_samples(dataset, loaders)
+            samples = min(ctx.scale.p9.samples, dataset.rows - 2 * BATCH)
+            peer_samples = min(ctx.scale.p9.peer_samples, samples)
+            measure = partial(_measure, loaders, samples, peer_samples)
+            rounds = in_rounds(measure, list(loaders), ctx.scale.rounds)
+    finally:
+        ctx.drop_scratch(f"p10-{size.name}")
+    speed = {key: medians(measured)[KEY] for key, measured in rounds.items()}
+    case = f"{dataset.height}x{dataset.width}"
+    targeted = (dataset.height, dataset.width) == (480, 640)
+    rows = []
+    for ours, label in LABELS.items():
+        factor = TARGETS[ours]
+        rows.append(
+            Row(
+                "P10",
+                f"{case}, {label}",
+                "samples/s",
+                speed[ours],
+                "LeRobot-style per-sample decode + float conversion",
+                speed["lerobot"],
+                f"≥ {factor}x" if targeted else "info",
+                speed[ours] >= factor * speed["lerobot"] if targeted else None,
+                "; ".join(
+                    filter(
+                        None,
+                        [f"{samples:,} / {peer_samples:,} samples", ratio_spread(rounds[ours], rounds["lerobot"], KEY)],
+                    )
+                ),
+            )
+        )
+    return rows
+
+
+def _loaders(dataset: CameraDataset, on_demand: str, cached: str) -> dict[str, Iterable[Any]]:
+    from torch.utils.data import DataLoader
+
+    from episerve.lerobot import RemoteLeRobotDataset
+
+    shuffled: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": WORKERS}
+    remote = {
+        key: RemoteLeRobotDataset(url, dataset.name, delta_timestamps=DELTA_TIMESTAMPS)
+        for key, url in (("on demand", on_demand), ("cache", cached))
+    }
+    return {
+        **{key: DataLoader(ds, collate_fn=RemoteLeRobotDataset.collate, **shuffled) for key, ds in remote.items()},
+        "lerobot": DataLoader(LeRobotStyleCameraSamples(dataset, DELTA_TIMESTAMPS), **shuffled),
+    }
+
+
+def _measure(loaders: dict[str, Iterable[Any]], samples: int, peer_samples: int, key: str) -> Figures:
+    return {KEY: samples_per_second(loaders[key], peer_samples if key == "lerobot" else samples, BATCH)}
+
+
+def _check_same_samples(dataset: CameraDataset, loaders: dict[str, Any]) -> None:
+    """A few samples are equal, key by key, through both paths (else the figures compare different work)."""
+    import torch
+
+    picked = np.random.default_rng(100).choice(dataset.rows, size=4, replace=False).tolist()
+    peer = loaders["lerobot"].dataset
+    for key in LABELS:
+        ours = loaders[key].dataset
+        for index in picked:
+            mine, theirs = ours[index], peer[index]
+            same = list(mine) == list(theirs) and all(
+                mine[k] == v if isinstance(v, str) else (mine[k].dtype == v.dtype and torch.equal(mine[k], v))
+                for k, v in theirs.items()
+            )
+            if not same:
+                raise RuntimeError(f"P10 {dataset.name}: sample {index} differs between {key} and the LeRobot path")
