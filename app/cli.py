@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -130,10 +131,14 @@ def _metrics_directory() -> Path:
         parent.mkdir(parents=True, exist_ok=True)
     except (ValidationError, OSError):
         return Path(tempfile.mkdtemp(prefix="episerve-metrics-"))
-    for stale in parent.iterdir():
-        if stale.name.isdigit() and not _alive(int(stale.name)):
+    # Named by host and process: replicas in containers share the cache volume and are all PID 1, and a process of
+    # another host (container) cannot be checked, so only this host's dead servers are cleaned up.
+    host = socket.gethostname()
+    for stale in parent.glob(f"{host}-*"):
+        pid = stale.name.removeprefix(f"{host}-")
+        if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
-    directory = parent / str(os.getpid())
+    directory = parent / f"{host}-{os.getpid()}"
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir()
     return directory

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -81,6 +82,24 @@ def metric(text: str, name: str, **labels: str) -> float:
         if line.startswith(wanted + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_servers_sharing_a_cache_keep_their_metrics_apart_and_clean_only_their_own_hosts_dead_ones(
+    demo_root: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    metrics = cache / "metrics"
+    other_host = metrics / "other-container-1"  # PID 1 of another container sharing the volume: alive, unknowable
+    dead_here = metrics / f"{socket.gethostname()}-{2**22 + 7}"  # a server of this host that died uncleanly
+    for directory in (other_host, dead_here):
+        directory.mkdir(parents=True)
+        (directory / "counter_1.db").write_bytes(b"x")
+    with ServerProcess([demo_root], cache) as server, httpx.Client(base_url=server.url) as http:
+        assert http.get("/metrics").status_code == 200
+        running = [p.name for p in metrics.iterdir() if p not in (other_host, dead_here)]
+        assert running == [f"{socket.gethostname()}-{server.process.pid}"]
+    assert (other_host / "counter_1.db").read_bytes() == b"x"
+    assert not dead_here.exists()
 
 
 def test_metrics_count_requests_rows_bytes_and_cache_activity_across_workers(demo_root: Path, tmp_path: Path) -> None:
