@@ -11,14 +11,14 @@ episode metadata and the row groups that batch touches from the store (ranged GE
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 
 from bench.context import Context
-from bench.figures.picks import pick, spec, view_rows
-from bench.processes import EpiserveServer, ModuleServer
+from bench.figures.p8_cold import first_batch_seconds
+from bench.figures.picks import pick, view_rows
+from bench.processes import ModuleServer
 from bench.report import Row
 from bench.workers import run_job
 
@@ -48,22 +48,6 @@ def _upload(endpoint: str, root: Path, names: list[str]) -> None:
                 client.upload_file(str(path), BUCKET, f"data/{path.relative_to(root).as_posix()}")
 
 
-def _episerve_seconds(ctx: Context, endpoint: str, name: str, ids: list[int], batch: list[int]) -> float:
-    import episerve
-
-    episode_dataset = episerve.EpisodeDataset  # imports torch now, not on the clock
-    cache = ctx.scratch("p11-episerve")
-    settings = {"AWS_ENDPOINT_URL_S3": endpoint}
-    try:
-        with EpiserveServer(f"s3://{BUCKET}/data", cache, ctx.logs, workers=2, settings=settings) as server:  # type: ignore[arg-type]
-            started = time.perf_counter()
-            dataset = episode_dataset(server.url, name, episodes=spec(ids))
-            dataset.__getitems__(batch)
-            return time.perf_counter() - started
-    finally:
-        ctx.drop_scratch("p11-episerve")
-
-
 def run(ctx: Context) -> list[Row]:
     os.environ.update(CREDENTIALS)  # for the servers and jobs started from here
     store = ModuleServer("moto.server", ["--host", "127.0.0.1"], ctx.logs).start()
@@ -76,7 +60,9 @@ def run(ctx: Context) -> list[Row]:
             ids = pick(dataset.episodes, ctx.scale.p8_fraction, seed=110)
             total = view_rows(dataset.lengths, ids)
             batch = np.random.default_rng(111).choice(total, size=min(ctx.scale.p3_batch, total), replace=False)
-            ours = _episerve_seconds(ctx, endpoint, name, ids, batch.tolist())
+            ours = first_batch_seconds(
+                ctx, f"s3://{BUCKET}/data", name, ids, batch.tolist(), "p11-episerve", {"AWS_ENDPOINT_URL_S3": endpoint}
+            )
             args = {
                 "root": str(ctx.data_root),
                 "dataset": name,

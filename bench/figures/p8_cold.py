@@ -9,6 +9,7 @@ index and the segments that batch touches. HF `datasets`: converting the pick (`
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -19,19 +20,28 @@ from bench.report import Row
 from bench.workers import run_job
 
 
-def _episerve_seconds(ctx: Context, name: str, ids: list[int], batch: list[int]) -> float:
+def first_batch_seconds(
+    ctx: Context,
+    root: Path | str,
+    name: str,
+    ids: list[int],
+    batch: list[int],
+    scratch: str = "p8-episerve",
+    settings: dict[str, str] | None = None,
+) -> float:
+    """Seconds from a fresh server over `root` with an empty cache to the first batch of the pick `ids`."""
     import episerve
 
     episode_dataset = episerve.EpisodeDataset  # imports torch now, not on the clock
-    cache = ctx.scratch("p8-episerve")
+    cache = ctx.scratch(scratch)
     try:
-        with EpiserveServer(ctx.data_root, cache, ctx.logs, workers=2) as server:
+        with EpiserveServer(root, cache, ctx.logs, workers=2, settings=settings) as server:  # type: ignore[arg-type]
             started = time.perf_counter()
             dataset = episode_dataset(server.url, name, episodes=spec(ids))
             dataset.__getitems__(batch)
             return time.perf_counter() - started
     finally:
-        ctx.drop_scratch("p8-episerve")
+        ctx.drop_scratch(scratch)
 
 
 def run(ctx: Context) -> list[Row]:
@@ -41,7 +51,7 @@ def run(ctx: Context) -> list[Row]:
         ids = pick(dataset.episodes, ctx.scale.p8_fraction, seed=80)
         total = view_rows(dataset.lengths, ids)
         batch = np.random.default_rng(81).choice(total, size=min(ctx.scale.p3_batch, total), replace=False).tolist()
-        ours = _episerve_seconds(ctx, name, ids, batch)
+        ours = first_batch_seconds(ctx, ctx.data_root, name, ids, batch)
         args = {
             "root": str(ctx.data_root),
             "dataset": name,
