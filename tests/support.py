@@ -44,6 +44,11 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        """An HTTP client of this server, patient enough for a first request on a busy machine (httpx's default
+        is 5 s)."""
+        return httpx.Client(base_url=self.url, timeout=timeout)
+
     def start(self, timeout: float = 60.0) -> ServerProcess:
         self.port = free_port()
         command = [sys.executable, "-m", "app.cli", "serve", "--cache-dir", str(self.cache_dir)]

@@ -189,7 +189,7 @@ def test_rewritten_source_file_is_never_served_stale(tmp_path: Path) -> None:
     dataset_dir.mkdir(parents=True)
     source = dataset_dir / "rows.parquet"
     pq.write_table(pa.table({"episode_index": [0, 0, 1, 1], "value": [1, 2, 3, 4]}), source)
-    with ServerProcess([root], tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([root], tmp_path / "cache") as server, server.client() as http:
         before = read_stream(http.get("/datasets/table/rows").content)
         assert before["value"].to_pylist() == [1, 2, 3, 4]
         pq.write_table(pa.table({"episode_index": [1, 0, 2], "value": [30, 10, 20]}), source)

@@ -121,7 +121,7 @@ def test_roots_that_are_datasets_are_served_as_one_dataset_each(tmp_path: Path) 
     write_demo_dataset(tmp_path / "pick-v21", format="v2.1", episodes=4, seed=5)
     write_generic_dataset(tmp_path / "table")
     roots = [tmp_path / "pick-v3", tmp_path / "pick-v21", tmp_path / "table"]
-    with ServerProcess(roots, tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess(roots, tmp_path / "cache") as server, server.client() as http:
         listing = {d["id"]: d for d in http.get("/datasets").json()["datasets"]}
         assert sorted(listing) == ["pick-v21", "pick-v3", "table"]  # no data/ or meta/ of their own
         assert [listing[i]["format"] for i in ("pick-v3", "pick-v21", "table")] == [

@@ -113,7 +113,7 @@ def test_too_many_rows_for_one_response_is_413(datasets_root, tmp_path) -> None:
         "EPISERVE_MAX_BODY_BYTES": "2048",
         "EPISERVE_MAX_EPISODE_SPEC_CHARS": "20",
     }
-    with ServerProcess([datasets_root], tmp_path / "cache", env=env) as server, httpx.Client(base_url=server.url) as c:
+    with ServerProcess([datasets_root], tmp_path / "cache", env=env) as server, server.client() as c:
         assert assert_problem(c.get(f"{V3}/rows"), 413, "limit is 100 rows")["limit"] == 100
         assert c.get(f"{V3}/rows", params={"stop": 100}).status_code == 200
         too_many = assert_problem(c.post(f"{V3}/rows/take", json={"indices": list(range(11))}), 413, "limit is 10")

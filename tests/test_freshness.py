@@ -44,14 +44,14 @@ def test_same_size_rewrite_with_restored_mtime_is_served_fresh_also_after_restar
     (root / "table").mkdir(parents=True)
     source = root / "table" / "rows.parquet"
     write_same_size(source, [1, 2, 3, 4])
-    with ServerProcess([root], cache) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([root], cache) as server, server.client() as http:
         assert served_values(http, "table") == [1, 2, 3, 4]  # index persisted, segment built
         write_same_size(source, [4, 3, 2, 1])
         assert served_values(http, "table") == [4, 3, 2, 1]
         taken = http.post("/datasets/table/rows/take", json={"indices": [0], "episodes": [1]})
         assert read_stream(taken.content)["value"].to_pylist() == [2]
     write_same_size(source, [2, 1, 4, 3])  # while no server runs
-    with ServerProcess([root], cache) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([root], cache) as server, server.client() as http:
         assert served_values(http, "table") == [2, 1, 4, 3]
 
 
@@ -65,7 +65,7 @@ def test_new_episode_file_of_a_v21_dataset_is_served_after_the_rescan_interval(t
     full_metadata = episodes_jsonl.read_text()
     episodes_jsonl.write_text("".join(full_metadata.splitlines(keepends=True)[:4]))
 
-    with ServerProcess([root], tmp_path / "cache", env=FAST_LOOKS) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([root], tmp_path / "cache", env=FAST_LOOKS) as server, server.client() as http:
         assert http.get("/datasets/demo/rows", params={"episodes": "4"}).status_code == 404
         first_look = http.get("/datasets/demo").json()["checked_at"]
         assert len(read_stream(http.get("/datasets/demo/rows").content)) == len(oracle(dataset, range(4)))
@@ -91,7 +91,7 @@ def test_new_episode_file_of_a_v21_dataset_is_served_after_the_rescan_interval(t
 def test_parquet_files_added_to_and_removed_from_a_generic_dataset_are_noticed(tmp_path: Path) -> None:
     root = tmp_path / "root"
     dataset = write_generic_dataset(root / "generic")
-    with ServerProcess([root], tmp_path / "cache", env=FAST_LOOKS) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([root], tmp_path / "cache", env=FAST_LOOKS) as server, server.client() as http:
         assert_tables_equal(read_stream(http.get("/datasets/generic/rows").content), oracle(dataset, None))
         assert http.get("/datasets/generic/rows", params={"episodes": "20"}).status_code == 404
 

@@ -42,7 +42,7 @@ def test_tokens_guard_data_endpoints_but_not_health(demo_root: Path, tmp_path: P
     tokens_file = tmp_path / "tokens"
     tokens_file.write_text("# team tokens\nfile-token\n\n")
     env = {"EPISERVE_TOKENS": "alpha,beta", "EPISERVE_TOKENS_FILE": str(tokens_file)}
-    with ServerProcess([demo_root], tmp_path / "cache", env=env) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([demo_root], tmp_path / "cache", env=env) as server, server.client() as http:
         for path in (
             "/datasets",
             "/datasets/demo",
@@ -70,7 +70,7 @@ def test_tokens_guard_data_endpoints_but_not_health(demo_root: Path, tmp_path: P
 
 def test_metrics_can_require_the_token(demo_root: Path, tmp_path: Path) -> None:
     env = {"EPISERVE_TOKENS": "alpha", "EPISERVE_METRICS_REQUIRE_TOKEN": "true"}
-    with ServerProcess([demo_root], tmp_path / "cache", env=env) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([demo_root], tmp_path / "cache", env=env) as server, server.client() as http:
         assert_problem(http.get("/metrics"), 401)
         assert http.get("/metrics", headers={"Authorization": "Bearer alpha"}).status_code == 200
 
@@ -94,7 +94,7 @@ def test_servers_sharing_a_cache_keep_their_metrics_apart_and_clean_only_their_o
     for directory in (other_host, dead_here):
         directory.mkdir(parents=True)
         (directory / "counter_1.db").write_bytes(b"x")
-    with ServerProcess([demo_root], cache) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([demo_root], cache) as server, server.client() as http:
         assert http.get("/metrics").status_code == 200
         running = [p.name for p in metrics.iterdir() if p not in (other_host, dead_here)]
         assert running == [f"{socket.gethostname()}-{server.process.pid}"]
@@ -103,7 +103,7 @@ def test_servers_sharing_a_cache_keep_their_metrics_apart_and_clean_only_their_o
 
 
 def test_metrics_count_requests_rows_bytes_and_cache_activity_across_workers(demo_root: Path, tmp_path: Path) -> None:
-    with ServerProcess([demo_root], tmp_path / "cache", workers=2) as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([demo_root], tmp_path / "cache", workers=2) as server, server.client() as http:
         expected_rows = oracle(demo_root / "demo", [2, 3]).num_rows
         sizes = [len(http.get("/datasets/demo/rows", params={"episodes": "2,3"}).content) for _ in range(6)]
         http.get("/datasets/demo/rows", params={"episodes": "999"})
@@ -122,7 +122,7 @@ def test_metrics_count_requests_rows_bytes_and_cache_activity_across_workers(dem
 
 
 def test_warm_endpoint_builds_in_background_and_reports_progress(demo_root: Path, tmp_path: Path) -> None:
-    with ServerProcess([demo_root], tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([demo_root], tmp_path / "cache") as server, server.client() as http:
         before = http.get("/datasets/demo/cache").json()
         assert (before["segments_built"], before["segments_total"], before["bytes"]) == (0, 3, 0)
         started = http.post("/datasets/demo/cache", json={"episodes": "0-5"})
@@ -211,7 +211,7 @@ def test_json_request_log_has_one_line_per_request(demo_root: Path, tmp_path: Pa
 
 def test_row_reads_are_debug_lines_and_other_requests_info(demo_root: Path, tmp_path: Path) -> None:
     server = ServerProcess([demo_root], tmp_path / "cache", env={"EPISERVE_LOG_LEVEL": "info"})
-    with server, httpx.Client(base_url=server.url) as http:
+    with server, server.client() as http:
         assert http.get("/datasets/demo/rows", params={"episodes": "4"}).status_code == 200
         assert http.post("/datasets/demo/rows", json={"episodes": "4"}).status_code == 200
         assert http.post("/datasets/demo/rows/take", json={"indices": [0, 1]}).status_code == 200
@@ -230,7 +230,7 @@ def test_row_reads_are_debug_lines_and_other_requests_info(demo_root: Path, tmp_
 def test_text_log_escapes_control_characters_in_requests(demo_root: Path, tmp_path: Path) -> None:
     forged = "2026-01-01 00:00:00,000 INFO episerve.access: GET /admin 200"
     server = ServerProcess([demo_root], tmp_path / "cache", env={"EPISERVE_LOG_LEVEL": "info"})
-    with server, httpx.Client(base_url=server.url) as http:
+    with server, server.client() as http:
         path = "/x%0a" + forged.replace(" ", "%20") + "%0d%1b[31m%7f%c2%85"
         assert http.get(path).status_code == 404
     lines = server.log_path.read_text().splitlines()
@@ -250,7 +250,7 @@ def tree_digest(root: Path) -> str:
 
 def test_requests_never_write_into_the_dataset_roots(demo_root: Path, tmp_path: Path) -> None:
     before = tree_digest(demo_root)
-    with ServerProcess([demo_root], tmp_path / "cache") as server, httpx.Client(base_url=server.url) as http:
+    with ServerProcess([demo_root], tmp_path / "cache") as server, server.client() as http:
         http.get("/datasets/demo/rows", params={"episodes": "1-3"})
         http.post("/datasets/demo/rows/take", json={"indices": [1, 2], "delta_timestamps": {"action": [0, 1 / 30]}})
         http.post("/datasets/demo/cache")
