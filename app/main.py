@@ -24,6 +24,7 @@ from app.logs import configure_logging
 from app.settings import Settings
 from app.sources import DatasetPath
 from app.store.catalog import Catalog, locate_roots
+from app.store.segments import stop_background_builds
 from app.store.warming import Warmer
 
 log = logging.getLogger("episerve")
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("serving %d datasets from %s", len(app.state.catalog.ids()), ", ".join(map(str, roots)))
         yield
         app.state.warmer.shutdown()
+        stop_background_builds()
 
     app = FastAPI(
         title="episerve",

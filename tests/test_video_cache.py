@@ -26,7 +26,7 @@ from app.reads.frames import video_files_needed
 from app.reads.service import take
 from app.settings import Settings
 from app.sources.decoders import DecoderPool
-from app.sources.video import decode_nearest, video_features
+from app.sources.video import decode_nearest, frame_schema, video_features
 from app.store.catalog import Catalog
 from tests.support import ServerProcess, eventually, read_stream
 from tests.test_operations import run_cli
@@ -199,6 +199,38 @@ def test_sigkill_during_a_frame_segment_build_leaves_nothing_that_is_served(
         assert np.array_equal(served(table, TOP_CAMERA), expected(long_video_root / "long", TOP_CAMERA, table))
         eventually(lambda: list(frame_segments(cache)) == [rel], 120)  # rebuilt in the background
     assert list(cache.rglob("*.tmp")) == []
+
+
+def _queue_a_frame_build_and_stop(root: str, cache: str, rel: str) -> list[str]:
+    """In a fresh process: queue the background build of one video's frames as a first-touch read does, stop the
+    process's background builds at once (as server shutdown does) and wait for the builder; return the files left
+    in the frames directory."""
+    from app.store import segments
+
+    catalog = Catalog(Settings(roots=[Path(root)], cache_dir=Path(cache), build_batch_bytes=64 * 1024), [Path(root)])
+    dataset = catalog.get("long")
+    dataset.index()
+    schema = frame_schema(video_features(json.loads((Path(root) / "long/meta/info.json").read_text()))[TOP_CAMERA])
+    assert dataset.frame_segment(rel, schema, build=True) is None  # not built yet: queued
+    segments.stop_background_builds()
+    segments._background_builds("frames").shutdown(wait=True)
+    return sorted(p.name for p in dataset.frames.directory.iterdir())
+
+
+def test_stopping_background_builds_gives_up_a_frame_build_without_leaving_anything(
+    long_video_root: Path, tmp_path: Path
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    rel = _the_video(long_video_root)
+    with context.Pool(1) as pool:
+        left = pool.apply(_queue_a_frame_build_and_stop, (str(long_video_root), str(tmp_path / "cache"), rel))
+    assert not [name for name in left if name.endswith((".tmp", ".arrow", ".json"))]  # only its lock file, if any
+    assert frame_segments(tmp_path / "cache") == {}
+    with ServerProcess([long_video_root], tmp_path / "cache") as server, server.client() as http:
+        body = {"episodes": "0-23", "indices": [0, 500], "columns": [*ROWS, TOP_CAMERA]}
+        table = read_stream(http.post("/datasets/long/rows/take", json=body).content)
+        assert np.array_equal(served(table, TOP_CAMERA), expected(long_video_root / "long", TOP_CAMERA, table))
+        eventually(lambda: list(frame_segments(tmp_path / "cache")) == [rel], 120)  # queued again, and built
 
 
 def test_four_processes_asking_for_the_same_cold_video_build_its_segment_once(

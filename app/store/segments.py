@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import hashlib
 import logging
 import mmap
@@ -347,7 +346,10 @@ class SegmentStore:
 
         def build() -> None:
             try:
-                self.open(source, schema)
+                if not _STOPPING.is_set():
+                    self.open(source, schema, _unless_stopping)
+            except BuildStopped:
+                log.info("background build of %s given up: the server is stopping", source.path)
             except Exception:
                 log.exception("background build of %s failed", source.path)
             finally:
@@ -605,8 +607,36 @@ def remove_file(path: Path) -> list[Removed]:
     return [Removed(path, nbytes)]
 
 
-@functools.cache
+class BuildStopped(Exception):
+    """A background build given up between two batches because the process is stopping (nothing is published,
+    and its temporary file is removed)."""
+
+
+_STOPPING = threading.Event()
+_BUILDERS: dict[str, ThreadPoolExecutor] = {}
+_BUILDERS_LOCK = threading.Lock()
+
+
 def _background_builds(builder: str) -> ThreadPoolExecutor:
     """One builder thread per process and kind of segment: background builds queue up instead of competing for
     the CPU, and a long decode of a video never holds up the conversion of a parquet file."""
-    return ThreadPoolExecutor(1, thread_name_prefix=f"episerve-build-{builder}")
+    with _BUILDERS_LOCK:
+        executor = _BUILDERS.get(builder)
+        if executor is None:
+            executor = _BUILDERS[builder] = ThreadPoolExecutor(1, thread_name_prefix=f"episerve-build-{builder}")
+        return executor
+
+
+def stop_background_builds() -> None:
+    """Give up this process's background builds, queued or under way (at the next batch), so that stopping the
+    server does not wait for a whole video to decode; a later request queues them again."""
+    _STOPPING.set()
+    with _BUILDERS_LOCK:
+        executors = list(_BUILDERS.values())
+    for executor in executors:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _unless_stopping(rows: int, nbytes: int) -> None:
+    if _STOPPING.is_set():
+        raise BuildStopped
