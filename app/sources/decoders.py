@@ -83,7 +83,7 @@ class OpenDecoder:
                 if frame.pts is None:
                     continue
                 at = float(Fraction(frame.pts) * self.time_base)
-                if previous is None and self._landed_after(times[wanted], at):
+                if previous is None and self._landed_after(at):
                     self._seek(self._sought - self._reach(frame_s))
                     retreated, exhausted = True, False
                     break
@@ -120,7 +120,7 @@ class OpenDecoder:
         gap = self._keyframe_gap if self._keyframe_gap is not None else UNKNOWN_GOP_FRAMES * frame_s
         return max(gap, 2 * frame_s) + frame_s / 2
 
-    def _landed_after(self, wanted: float, at: float) -> bool:
+    def _landed_after(self, at: float) -> bool:
         """Whether the first frame after a seek lies past the time sought, so that an earlier frame may be nearer
         (a keyframe found by decoding time can be presented later, in files with B-frames)."""
         return self._sought > 0 and at > self._sought

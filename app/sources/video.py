@@ -82,12 +82,12 @@ def decode_nearest_into(
     return picked_at
 
 
+RUN_FRAMES = 16  # a read of at least this many mostly consecutive frames gets a frame-threaded decoder
+
+
 def _is_run(times: np.ndarray, frame_s: float) -> bool:
     """Whether `times` (ascending) are mostly consecutive frames: a read that decodes on rather than seeks."""
     return len(times) >= RUN_FRAMES and float(times[-1] - times[0]) <= 2 * len(times) * frame_s
-
-
-RUN_FRAMES = 16
 
 
 def to_rgb(frame: Any, feature: VideoFeature, rel: str) -> np.ndarray:

@@ -262,13 +262,10 @@ class Dataset:
         source = self.file_fingerprint(rel)
         segment = self.frames.open_if_built(source, schema)
         if segment is None:
-            if build and not self.frames.queued(rel):
-                arrow = self.frames.paths(rel).arrow
-                if self.frame_budget.admit(arrow, estimated_segment_bytes(schema, source.rows)):
-                    self.frames.build_in_background(source, schema)
+            if build and not self.frames.queued(rel) and self._admit_frames(source, schema):
+                self.frames.build_in_background(source, schema)
             return None
-        self.frame_budget.touch(self.frames.paths(rel).arrow)
-        return segment
+        return self._used_frames(segment)
 
     def build_frame_segment(self, rel: str, schema: pa.Schema) -> Segment | None:
         """The decoded-frame segment of video file `rel`, built now if it is not (None if it is larger than the
@@ -276,11 +273,18 @@ class Dataset:
         source = self.file_fingerprint(rel)
         segment = self.frames.open_if_built(source, schema)
         if segment is None:
-            arrow = self.frames.paths(rel).arrow
-            if not self.frame_budget.admit(arrow, estimated_segment_bytes(schema, source.rows)):
+            if not self._admit_frames(source, schema):
                 return None
             segment = self.frames.open(source, schema)
-        self.frame_budget.touch(self.frames.paths(rel).arrow)
+        return self._used_frames(segment)
+
+    def _admit_frames(self, source: SourceFingerprint, schema: pa.Schema) -> bool:
+        """Make room in the video cache budget for the decoded-frame segment of `source` (False: it never fits)."""
+        arrow = self.frames.paths(source.path).arrow
+        return self.frame_budget.admit(arrow, estimated_segment_bytes(schema, source.rows))
+
+    def _used_frames(self, segment: Segment) -> Segment:
+        self.frame_budget.touch(self.frames.paths(segment.source.path).arrow)
         return segment
 
     # -- the cache -----------------------------------------------------------------------------------------------
