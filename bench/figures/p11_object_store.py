@@ -13,11 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-
 from bench.context import Context
 from bench.figures.p8_cold import first_batch_seconds
-from bench.figures.picks import pick, view_rows
+from bench.figures.picks import cold_pick
 from bench.processes import ModuleServer
 from bench.report import Row
 from bench.workers import run_job
@@ -57,11 +55,9 @@ def run(ctx: Context) -> list[Row]:
         _upload(endpoint, ctx.data_root, list(ctx.datasets))
         for name in ("vector", "image"):
             dataset = ctx.datasets[name]
-            ids = pick(dataset.episodes, ctx.scale.p8_fraction, seed=110)
-            total = view_rows(dataset.lengths, ids)
-            batch = np.random.default_rng(111).choice(total, size=min(ctx.scale.p3_batch, total), replace=False)
+            ids, batch = cold_pick(dataset.lengths, ctx.scale.p8_fraction, ctx.scale.p3_batch, seed=110)
             ours = first_batch_seconds(
-                ctx, f"s3://{BUCKET}/data", name, ids, batch.tolist(), "p11-episerve", {"AWS_ENDPOINT_URL_S3": endpoint}
+                ctx, f"s3://{BUCKET}/data", name, ids, batch, "p11-episerve", {"AWS_ENDPOINT_URL_S3": endpoint}
             )
             args = {
                 "root": str(ctx.data_root),
@@ -69,7 +65,7 @@ def run(ctx: Context) -> list[Row]:
                 "cache_dir": str(ctx.scratch("p11-hf")),
                 "hf_home": str(ctx.workdir / "hf-home"),
                 "episodes": ids,
-                "first_batch": batch.tolist(),
+                "first_batch": batch,
                 "s3": {"endpoint": endpoint, "bucket": BUCKET, "prefix": "data"},
             }
             theirs, _ = run_job("hf-load-s3", args, ctx.logs / "p11.log")

@@ -11,10 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
-
 from bench.context import Context
-from bench.figures.picks import pick, spec, view_rows
+from bench.figures.picks import cold_pick, spec
 from bench.processes import EpiserveServer
 from bench.report import Row
 from bench.workers import run_job
@@ -48,9 +46,7 @@ def run(ctx: Context) -> list[Row]:
     rows = []
     for name in ("vector", "image"):
         dataset = ctx.datasets[name]
-        ids = pick(dataset.episodes, ctx.scale.p8_fraction, seed=80)
-        total = view_rows(dataset.lengths, ids)
-        batch = np.random.default_rng(81).choice(total, size=min(ctx.scale.p3_batch, total), replace=False).tolist()
+        ids, batch = cold_pick(dataset.lengths, ctx.scale.p8_fraction, ctx.scale.p3_batch, seed=80)
         ours = first_batch_seconds(ctx, ctx.data_root, name, ids, batch)
         args = {
             "root": str(ctx.data_root),

@@ -27,3 +27,12 @@ def spec(ids: list[int]) -> str:
 def view_rows(lengths: list[int], ids: list[int]) -> int:
     """Rows in the view of `ids`."""
     return sum(lengths[i] for i in ids)
+
+
+def cold_pick(lengths: list[int], fraction: float, batch_size: int, seed: int) -> tuple[list[int], list[int]]:
+    """A cold-start pick (P8, P11): a `fraction` of the episodes (seeded by `seed`), and the view rows of its first
+    batch, `batch_size` rows drawn without replacement (seeded by `seed + 1`)."""
+    ids = pick(len(lengths), fraction, seed=seed)
+    total = view_rows(lengths, ids)
+    batch = np.random.default_rng(seed + 1).choice(total, size=min(batch_size, total), replace=False)
+    return ids, batch.tolist()
