@@ -399,3 +399,7 @@ def test_long_keyframe_intervals_decode_the_nearest_frames_without_looping(
         hair = times[picked] - 1e-7  # float32 timestamps land a hair before or after the frame
         got, _ = decode_nearest(tmp_path, path.name, np.maximum(hair, 0), feature, pool)
         assert np.array_equal(got, frames[picked])
+        # Within a hair past a frame it is settled without the next; farther on, the nearer of the two is found.
+        for past, nearest in ((5e-5, picked), (0.4 / 30, picked), (0.6 / 30, np.minimum(picked + 1, 89))):
+            got, at = decode_nearest(tmp_path, path.name, times[picked] + past, feature, pool)
+            assert np.array_equal(got, frames[nearest]) and np.array_equal(at, times[nearest])

@@ -51,6 +51,7 @@ class OpenDecoder:
             self.stream.codec_context.thread_count = 1
         self.threaded = threaded
         self.time_base = self.stream.time_base
+        self._seconds_per_tick = float(self.time_base)
         self._frames: Iterator[Any] | None = None  # None: positioned at the start of the file
         self._sought = 0.0  # the time of the last seek (0: decoding from the start of the file)
         self._last: tuple[float, Any] | None = None  # the last frame decoded, and its presentation time
@@ -94,6 +95,10 @@ class OpenDecoder:
                     picked_at[wanted], chosen = previous if nearer else (at, frame)  # type: ignore[misc]
                     keep(wanted, chosen)
                     wanted += 1
+                while wanted < len(times) and times[wanted] - at <= self._settled_within(frame):
+                    picked_at[wanted] = at  # a hair past this frame: the next one cannot be nearer
+                    keep(wanted, frame)
+                    wanted += 1
                 previous = (at, frame)
                 if wanted == len(times) or (wanted > started and times[wanted] - at > self._reach(frame_s)):
                     exhausted = False
@@ -119,6 +124,19 @@ class OpenDecoder:
         """How far ahead decoding on beats a seek: about one keyframe interval (at least two frames)."""
         gap = self._keyframe_gap if self._keyframe_gap is not None else UNKNOWN_GOP_FRAMES * frame_s
         return max(gap, 2 * frame_s) + frame_s / 2
+
+    def _settled_within(self, frame: Any) -> float:
+        """How far past `frame` a time may lie and still have it as its nearest frame without decoding the next.
+
+        A timestamp stored as float32 lies up to a few microseconds past its frame as often as before it; deciding
+        those by the next frame cost a second decode for half the times, and at LeRobot's GOP of 2 that second frame
+        is a keyframe every other time. The next frame is presented at least the frame's duration later (as the
+        container records it), so a time within `HAIR_S` of this frame, far below half a duration, is nearer to
+        it. Without a known duration nothing is settled early."""
+        duration = frame.duration
+        if not duration or duration * self._seconds_per_tick <= 2 * HAIR_S:
+            return -1.0
+        return HAIR_S
 
     def _landed_after(self, at: float) -> bool:
         """Whether the first frame after a seek lies past the time sought, so that an earlier frame may be nearer
