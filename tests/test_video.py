@@ -14,7 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import episerve
 from app.demo import TOP_CAMERA, WRIST_CAMERA
+from episerve._tensor_batch import INLINE_BLOCK_BYTES
 from tests.support import ServerProcess, eventually, oracle, read_stream
 from tests.test_errors import assert_problem
 from tests.video_oracle import episode_video, frames_for_rows
@@ -121,19 +123,31 @@ def test_unknown_camera_is_422_naming_the_available_columns(http: httpx.Client) 
     assert_problem(response, 422, "'observation.images.side'", TOP_CAMERA)
 
 
+class _FramesInSharedMemory(episerve.EpisodeDataset):
+    """Reports whether a DataLoader worker's batch holds its frames in shared memory, where the worker filled them
+    (then they cross to the main process without another copy)."""
+
+    def __getitems__(self, indices):
+        import torch
+
+        batch = super().__getitems__(indices)
+        batch.data["frames_filled_in_shared_memory"] = torch.tensor(batch.data[TOP_CAMERA].is_shared())
+        return batch
+
+
 def test_dataloader_workers_get_channels_first_frames(video_root: Path, video_server: ServerProcess) -> None:
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    import episerve
-
-    dataset = episerve.EpisodeDataset(
+    dataset = _FramesInSharedMemory(
         video_server.url, "cams-v3", episodes=[6, 0], columns=["episode_index", "frame_index", TOP_CAMERA]
     )
     loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2, collate_fn=episerve.collate)
     seen = 0
     for batch in loader:
         frames = batch[TOP_CAMERA]
+        in_shared_memory = batch.pop("frames_filled_in_shared_memory").item()
+        assert in_shared_memory == (frames.nbytes > INLINE_BLOCK_BYTES)  # large: no second copy to send them across
         assert frames.dtype == torch.uint8 and tuple(frames.shape[1:]) == (3, 64, 96)
         rows = zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)
         expected = frames_for_rows(video_root / "cams-v3", TOP_CAMERA, rows)

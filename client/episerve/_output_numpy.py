@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from episerve._columns import Columns
 
 MISSING = ""  # numpy is always there
@@ -13,6 +15,12 @@ def available() -> bool:
     return True
 
 
-def convert(columns: Columns) -> dict[str, Any]:
+class Arrays:
+    """Where a batch's large copies go: plain numpy arrays."""
+
+    empty = staticmethod(np.empty)
+
+
+def convert(columns: Columns, arrays: Arrays | None = None) -> dict[str, Any]:
     """Numeric arrays as they are; object arrays (strings, bytes, lists, images of mixed shapes) as lists."""
     return {name: values.tolist() if values.dtype == object else values for name, values in columns.items()}

@@ -1,8 +1,8 @@
 """Outputs: what the datasets hand out, one module per output, looked up by name.
 
 An output turns a batch's per-column numpy arrays (from `_columns`) into what training code receives: torch
-tensors (`_output_torch`) or numpy arrays (`_output_numpy`). Adding an output is one module with `available()`
-and `convert(columns)`, and one line in `_OUTPUTS`.
+tensors (`_output_torch`) or numpy arrays (`_output_numpy`). Adding an output is one module with `available()`,
+`Arrays` and `convert(columns, arrays)`, and one line in `_OUTPUTS`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,15 @@ def resolve_output(output: str | None) -> str:
     return output
 
 
-def to_output(columns: Columns, output: str) -> dict[str, Any]:
+def new_arrays(output: str) -> Any:
+    """Where the output named `output` wants a batch's large copies made (an object with `empty(shape, dtype)`,
+    for `table_columns(empty=...)`); hand it to `to_output` with the columns."""
+    return _module(output).Arrays()
+
+
+def to_output(columns: Columns, output: str, arrays: Any = None) -> dict[str, Any]:
     """`columns` as the output named `output` hands them out (a batch dict)."""
-    return _module(output).convert(columns)
+    return _module(output).convert(columns, arrays)
 
 
 def _module(name: str) -> Any:

@@ -45,9 +45,11 @@ class TensorBatch(dict):
                 for k, v in self.items()
                 if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.is_shared()
             }
-        if len(packed) < 2 or any(t.requires_grad for t in packed.values()):
+        if not packed or any(t.requires_grad for t in packed.values()):
             return (dict, (dict(self),))
         layout, size = _layout(packed)
+        if len(packed) < 2 and size > INLINE_BLOCK_BYTES:  # one large tensor: torch's pickler moves it as well
+            return (dict, (dict(self),))
         others = {k: v for k, v in self.items() if k not in packed}
         if 0 < size <= INLINE_BLOCK_BYTES:
             data = bytearray(size)
