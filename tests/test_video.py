@@ -156,6 +156,46 @@ def test_dataloader_workers_get_channels_first_frames(video_root: Path, video_se
     assert seen == len(dataset)
 
 
+class _IterableFramesInSharedMemory(episerve.EpisodeIterableDataset):
+    """Reports whether each batch a DataLoader worker yields holds its frames in shared memory."""
+
+    def __iter__(self):
+        import torch
+
+        for batch in super().__iter__():
+            batch["frames_filled_in_shared_memory"] = torch.tensor(batch[TOP_CAMERA].is_shared())
+            yield batch
+
+
+def test_iterable_dataset_workers_stream_shuffled_channels_first_frames(
+    video_root: Path, video_server: ServerProcess
+) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    dataset = _IterableFramesInSharedMemory(
+        video_server.url,
+        "cams-v3",
+        episodes=[6, 0, 3],
+        columns=["index", "episode_index", "frame_index", TOP_CAMERA],
+        chunk_rows=40,  # batches cut across chunks: some are views of one chunk, some are joined from two
+        batch_size=16,
+        shuffle=True,
+    )
+    seen, shared = [], []
+    for batch in DataLoader(dataset, batch_size=None, num_workers=2):
+        frames = batch[TOP_CAMERA]
+        shared.append(batch.pop("frames_filled_in_shared_memory").item())
+        assert frames.dtype == torch.uint8 and tuple(frames.shape[1:]) == (3, 64, 96)
+        rows = zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)
+        expected = frames_for_rows(video_root / "cams-v3", TOP_CAMERA, rows)
+        assert np.array_equal(frames.numpy(), expected.transpose(0, 3, 1, 2))
+        seen.extend(batch["index"].tolist())
+    view = oracle(video_root / "cams-v3", [0, 3, 6])
+    assert sorted(seen) == sorted(view["index"].to_pylist()) and seen != sorted(seen)
+    assert any(shared)  # a batch cut from one chunk is a view of the chunk the worker filled in shared memory
+
+
 def test_a_missing_video_file_is_a_problem_naming_it_and_the_rest_still_serves(
     video_root: Path, tmp_path: Path
 ) -> None:

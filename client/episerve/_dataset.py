@@ -11,7 +11,7 @@ from episerve._batch import Batch
 from episerve._client import Client
 from episerve._columns import table_columns
 from episerve._episodes import Episodes
-from episerve._outputs import Output, new_arrays, resolve_output, to_output
+from episerve._outputs import Output, allocator, resolve_output, to_output
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps, Selection
 
@@ -85,12 +85,11 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
             bad = np.asarray(indices).reshape(-1)[(positions < 0) | (positions >= self._length)]
             raise IndexError(f"index {bad[0]} out of range for a view of {self._length} rows")
         pages = self.client.read_take(self.selection, positions)
-        arrays = new_arrays(self.output)
         columns = table_columns(
             pages.table,
             buffers=pages.buffers,
             decode_images=self.decode_images,
             channels_first=channels_first,
-            empty=arrays.empty,
+            empty=allocator(self.output),
         )
-        return Batch(to_output(columns, self.output, arrays), len(positions))
+        return Batch(to_output(columns, self.output), len(positions))

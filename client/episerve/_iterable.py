@@ -20,7 +20,7 @@ from episerve._client import Client
 from episerve._columns import Column, Columns, table_columns
 from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
-from episerve._outputs import Output, resolve_output, to_output
+from episerve._outputs import Output, allocator, resolve_output, to_output
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps, Selection
 from episerve._sharding import EpochPlan, delivered_per_worker
@@ -193,9 +193,14 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
                 f"the view of {self.selection.dataset_id!r} changed from {self.total_rows} to {pages.total_rows} rows "
                 "during the epoch (its source files changed); start a new dataset object"
             )
-        columns = table_columns(pages.table, buffers=pages.buffers, decode_images=self.decode_images, defer_blobs=True)
-        if order is not None:
-            columns = {name: values[order] for name, values in columns.items()}
+        columns = table_columns(
+            pages.table,
+            buffers=pages.buffers,
+            decode_images=self.decode_images,
+            defer_blobs=True,
+            empty=allocator(self.output),
+            order=order,
+        )
         if skip:
             columns = {name: values[skip:] for name, values in columns.items()}
         return columns

@@ -15,12 +15,9 @@ def available() -> bool:
     return True
 
 
-class Arrays:
-    """Where a batch's large copies go: plain numpy arrays."""
-
-    empty = staticmethod(np.empty)
+empty = np.empty  # where a batch's large copies go: plain numpy arrays
 
 
-def convert(columns: Columns, arrays: Arrays | None = None) -> dict[str, Any]:
+def convert(columns: Columns) -> dict[str, Any]:
     """Numeric arrays as they are; object arrays (strings, bytes, lists, images of mixed shapes) as lists."""
     return {name: values.tolist() if values.dtype == object else values for name, values in columns.items()}

@@ -27,50 +27,66 @@ def available() -> bool:
     return torch_module() is not None
 
 
-class Arrays:
+class SharedArray(np.ndarray):
+    """A numpy view of a torch tensor in shared memory (`shared`, the whole allocation); its slices know that
+    tensor too, so a batch cut from a larger chunk still crosses to the main process without a copy."""
+
+    shared: Any = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.shared = getattr(obj, "shared", None)
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Where a batch's large copies go (camera frames made channels-first, see `table_columns(empty=...)`).
 
-    In a DataLoader worker they are torch tensors in shared memory, seen as numpy arrays while they are filled:
-    the batch then crosses to the main process as it is, instead of being copied into a shared block once more
-    when pickled (a 64-frame 480x640 batch is 59 MB). Elsewhere, and for arrays small enough to travel inside the
-    pickle, plain numpy arrays.
+    In a DataLoader worker, a torch tensor in shared memory seen as a numpy array while it is filled: the batch
+    then crosses to the main process as it is, instead of being copied into a shared block once more when pickled
+    (a 64-frame 480x640 batch is 59 MB). Elsewhere, and for arrays small enough to travel inside the pickle, a
+    plain numpy array.
     """
+    from torch.utils.data import get_worker_info
 
-    def __init__(self) -> None:
-        from torch.utils.data import get_worker_info
-
-        self._shared = get_worker_info() is not None
-        self._tensors: dict[int, tuple[np.ndarray, Any]] = {}  # id of the array: (the array, its tensor)
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        if not self._shared or int(np.prod(shape)) * dtype.itemsize <= INLINE_BLOCK_BYTES:
-            return np.empty(shape, dtype)
-        torch = torch_module()
-        tensor = shared_empty(torch, shape, torch.from_numpy(np.empty(0, dtype)).dtype)
-        array = tensor.numpy()
-        self._tensors[id(array)] = (array, tensor)
-        return array
-
-    def tensor_of(self, array: np.ndarray) -> Any | None:
-        """The shared tensor `array` is a view of, if `empty` made it."""
-        held = self._tensors.get(id(array))
-        return held[1] if held is not None and held[0] is array else None
+    if get_worker_info() is None or int(np.prod(shape)) * dtype.itemsize <= INLINE_BLOCK_BYTES:
+        return np.empty(shape, dtype)
+    torch = torch_module()
+    tensor = shared_empty(torch, shape, torch.from_numpy(np.empty(0, dtype)).dtype)
+    array = tensor.numpy().view(SharedArray)
+    array.shared = tensor
+    return array
 
 
-def convert(columns: Columns, arrays: Arrays | None = None) -> TensorBatch:
-    """Numeric arrays as tensors (no copy when the array is writable; the very tensor when `arrays` made it);
-    object arrays as lists, with numeric arrays inside them (variable-length lists) as tensors too."""
+def convert(columns: Columns) -> TensorBatch:
+    """Numeric arrays as tensors (no copy when the array is writable; views of the shared tensor for arrays from
+    `empty`); object arrays as lists, with numeric arrays inside them (variable-length lists) as tensors too."""
     torch = torch_module()
     result = TensorBatch()
     for name, values in columns.items():
-        made = arrays.tensor_of(values) if arrays is not None and isinstance(values, np.ndarray) else None
-        if made is not None:
-            result[name] = made
+        shared = _shared_view(torch, values) if isinstance(values, SharedArray) else None
+        if shared is not None:
+            result[name] = shared
         elif values.dtype == object:
             result[name] = [_maybe_tensor(torch, item) for item in values.tolist()]
         else:
             result[name] = _tensor(torch, values)
     return result
+
+
+def _shared_view(torch: Any, values: SharedArray) -> Any | None:
+    """`values` as a tensor on the shared storage it lies in (None if it does not: a copy made by numpy keeps
+    the class but not the memory)."""
+    whole = values.shared
+    if whole is None or values.dtype == object:
+        return None
+    storage = whole.untyped_storage()
+    start = values.ctypes.data - storage.data_ptr()
+    itemsize = values.dtype.itemsize
+    inside = start >= 0 and start + values.nbytes <= storage.nbytes()
+    if not inside or start % itemsize or any(stride < 0 or stride % itemsize for stride in values.strides):
+        return None
+    strides = tuple(stride // itemsize for stride in values.strides)
+    dtype = torch.from_numpy(np.empty(0, values.dtype)).dtype
+    return torch.empty(0, dtype=dtype).set_(storage, start // itemsize, values.shape, strides)
 
 
 def _maybe_tensor(torch: Any, item: Any) -> Any:

@@ -2,7 +2,7 @@
 
 An output turns a batch's per-column numpy arrays (from `_columns`) into what training code receives: torch
 tensors (`_output_torch`) or numpy arrays (`_output_numpy`). Adding an output is one module with `available()`,
-`Arrays` and `convert(columns, arrays)`, and one line in `_OUTPUTS`.
+`empty` (where large copies go) and `convert(columns)`, and one line in `_OUTPUTS`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Literal
 
-from episerve._columns import Columns
+from episerve._columns import Allocate, Columns
 
 Output = Literal["torch", "numpy"]
 
@@ -29,15 +29,14 @@ def resolve_output(output: str | None) -> str:
     return output
 
 
-def new_arrays(output: str) -> Any:
-    """Where the output named `output` wants a batch's large copies made (an object with `empty(shape, dtype)`,
-    for `table_columns(empty=...)`); hand it to `to_output` with the columns."""
-    return _module(output).Arrays()
+def allocator(output: str) -> Allocate:
+    """Where the output named `output` wants a batch's large copies made (`table_columns(empty=...)`)."""
+    return _module(output).empty
 
 
-def to_output(columns: Columns, output: str, arrays: Any = None) -> dict[str, Any]:
+def to_output(columns: Columns, output: str) -> dict[str, Any]:
     """`columns` as the output named `output` hands them out (a batch dict)."""
-    return _module(output).convert(columns, arrays)
+    return _module(output).convert(columns)
 
 
 def _module(name: str) -> Any:

@@ -8,6 +8,7 @@ import io
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader
@@ -151,3 +152,19 @@ def test_dataloader_hands_large_batches_over_in_shared_memory_intact() -> None:
         assert torch.equal(batch["state"], expected["state"]) and batch["task"] == expected["task"]
         firsts.append(first)
     assert sorted(firsts) == [0, 1000, 2000, 3000]
+
+
+def test_slices_of_a_shared_array_become_views_of_its_shared_tensor_and_copies_do_not() -> None:
+    from episerve._output_torch import SharedArray, convert
+
+    tensor = shared_empty(torch, (8, 3, 4, 5), torch.uint8)
+    frames = tensor.numpy().view(SharedArray)
+    frames.shared = tensor
+    frames[...] = np.arange(frames.size, dtype=np.uint64).reshape(frames.shape) % 251
+    batch = convert({"view": frames[2:6], "joined": np.concatenate([frames[:2], frames[6:]]), "index": np.arange(4)})
+    assert batch["view"].is_shared() and batch["view"].untyped_storage().data_ptr() == tensor.data_ptr()
+    assert not batch["joined"].is_shared()
+    received = pickle.loads(worker_pickle(batch))
+    assert np.array_equal(received["view"].numpy(), frames[2:6])
+    assert np.array_equal(received["joined"].numpy(), np.concatenate([frames[:2], frames[6:]]))
+    assert received["index"].tolist() == [0, 1, 2, 3]
