@@ -48,8 +48,8 @@ class TensorBatch(dict):
         if not packed or any(t.requires_grad for t in packed.values()):
             return (dict, (dict(self),))
         layout, size = _layout(packed)
-        if len(packed) < 2 and size > INLINE_BLOCK_BYTES:  # one large tensor: torch's pickler moves it as well
-            return (dict, (dict(self),))
+        if size == 0 or (len(packed) < 2 and size > INLINE_BLOCK_BYTES):  # nothing to pack, or one large tensor
+            return (dict, (dict(self),))  # that torch's pickler moves as well
         others = {k: v for k, v in self.items() if k not in packed}
         if 0 < size <= INLINE_BLOCK_BYTES:
             data = bytearray(size)

@@ -168,3 +168,18 @@ def test_slices_of_a_shared_array_become_views_of_its_shared_tensor_and_copies_d
     assert np.array_equal(received["view"].numpy(), frames[2:6])
     assert np.array_equal(received["joined"].numpy(), np.concatenate([frames[:2], frames[6:]]))
     assert received["index"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_single_small_tensor_and_empty_batches_travel_intact() -> None:
+    for batch in (
+        TensorBatch(index=torch.arange(3)),
+        TensorBatch(index=torch.empty(0, dtype=torch.int64)),
+        TensorBatch(state=torch.empty(0, 6), index=torch.empty(0, dtype=torch.int64), task=[]),
+    ):
+        received = pickle.loads(worker_pickle(batch))
+        assert list(received) == list(batch)
+        for name, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                assert received[name].dtype == value.dtype and torch.equal(received[name], value)
+            else:
+                assert received[name] == value
