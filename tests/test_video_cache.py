@@ -12,6 +12,7 @@ import shutil
 import signal
 import threading
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import httpx
@@ -403,3 +404,35 @@ def test_long_keyframe_intervals_decode_the_nearest_frames_without_looping(
         for past, nearest in ((5e-5, picked), (0.4 / 30, picked), (0.6 / 30, np.minimum(picked + 1, 89))):
             got, at = decode_nearest(tmp_path, path.name, times[picked] + past, feature, pool)
             assert np.array_equal(got, frames[nearest]) and np.array_equal(at, times[nearest])
+
+
+@pytest.mark.parametrize("b_frames", [3, 0])
+def test_frames_a_tenth_of_a_millisecond_apart_still_give_the_nearest(tmp_path: Path, b_frames: int) -> None:
+    """A frame's recorded duration is not always the gap to the next frame shown (with B-frames it is the gap in
+    decoding order), so a time just past a frame is settled on it only where it is: never a frame farther than
+    the next one."""
+    import av
+
+    from app.sources.source import VideoFeature
+
+    path = tmp_path / "close.mp4"
+    time_base = Fraction(1, 90000)
+    pts = [pair * 3000 + offset for pair in range(12) for offset in (0, 9)]  # pairs 0.1 ms apart, 1/30 s between
+    with av.open(str(path), "w") as output:
+        stream = output.add_stream("libx264", rate=30, options={"g": "12", "bf": str(b_frames)})
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.time_base = stream.codec_context.time_base = time_base
+        for number, at in enumerate(pts):  # flat frames: x264 makes B-frames of them
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), number * 10, dtype=np.uint8), format="rgb24")
+            frame.pts, frame.time_base = at, time_base
+            for packet in stream.encode(frame):
+                output.mux(packet)
+        for packet in stream.encode():
+            output.mux(packet)
+    times, frames = decode_video(path)
+    feature = VideoFeature("cam", 48, 64, 3, "h264", "yuv420p", 30.0)
+    wanted = np.sort(np.concatenate([times + 5e-5, times[1::2] - 5e-6, times]))
+    for picks in (wanted, wanted[::3], wanted[1::5]):
+        got, at = decode_nearest(tmp_path, path.name, picks, feature, DecoderPool())
+        expected = np.array([int(np.argmin(np.abs(times - t))) for t in picks])
+        assert np.array_equal(at, times[expected]) and np.array_equal(got, frames[expected])

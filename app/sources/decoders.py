@@ -52,6 +52,11 @@ class OpenDecoder:
         self.threaded = threaded
         self.time_base = self.stream.time_base
         self._seconds_per_tick = float(self.time_base)
+        # In MP4/MOV a packet's duration is the gap to the next packet's decoding time (the `stts` table), which
+        # without frame reordering is the gap to the next frame shown; elsewhere (MKV's default duration, B-frames)
+        # it may not be.
+        iso_media = "mp4" in self.container.format.name.split(",")
+        self._durations_exact = iso_media and not self.stream.codec_context.has_b_frames
         self._frames: Iterator[Any] | None = None  # None: positioned at the start of the file
         self._sought = 0.0  # the time of the last seek (0: decoding from the start of the file)
         self._last: tuple[float, Any] | None = None  # the last frame decoded, and its presentation time
@@ -130,11 +135,12 @@ class OpenDecoder:
 
         A timestamp stored as float32 lies up to a few microseconds past its frame as often as before it; deciding
         those by the next frame cost a second decode for half the times, and at LeRobot's GOP of 2 that second frame
-        is a keyframe every other time. The next frame is presented at least the frame's duration later (as the
-        container records it), so a time within `HAIR_S` of this frame, far below half a duration, is nearer to
-        it. Without a known duration nothing is settled early."""
+        is a keyframe every other time. Where the container's frame durations are exact gaps (MP4 without frame
+        reordering, as LeRobot writes), the next frame is presented the frame's duration later, so a time within
+        `HAIR_S` of this frame, far below half a duration, is nearer to it. Elsewhere, and without a duration,
+        nothing is settled early."""
         duration = frame.duration
-        if not duration or duration * self._seconds_per_tick <= 2 * HAIR_S:
+        if not self._durations_exact or not duration or duration * self._seconds_per_tick <= 2 * HAIR_S:
             return -1.0
         return HAIR_S
 

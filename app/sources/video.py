@@ -112,15 +112,16 @@ class RgbConverter:
         self._size = {"width": feature.width, "height": feature.height, "interpolation": "AREA"} if resized else {}
 
     def convert_into(self, frame: Any, out: np.ndarray) -> None:
-        """Write `frame` as RGB into `out`, a C-contiguous uint8 (H, W, 3) array."""
+        """Write `frame` as RGB into `out`, a uint8 (H, W, 3) array."""
         if (frame.height, frame.width) != self.feature.file_size:
             height, width = self.feature.file_size
             raise DatasetError(
                 f"video file {self.rel!r} has {frame.width}x{frame.height} frames; info.json says {width}x{height}"
             )
         plane = self._reformatter.reformat(frame, format="rgb24", threads=1, **self._size).planes[0]
-        height, row = self.feature.height, self.feature.width * 3
-        out.reshape(height, row)[...] = np.frombuffer(plane, np.uint8).reshape(height, plane.line_size)[:, :row]
+        height, width = self.feature.height, self.feature.width
+        rows = np.frombuffer(plane, np.uint8).reshape(height, plane.line_size)[:, : width * 3]  # without padding
+        out[...] = rows.reshape(height, width, 3)
 
 
 def check_tolerance(

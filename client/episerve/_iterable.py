@@ -198,12 +198,18 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
             buffers=pages.buffers,
             decode_images=self.decode_images,
             defer_blobs=True,
-            empty=allocator(self.output),
+            empty=allocator(self.output) if self._batches_share_chunks() else np.empty,
             order=order,
         )
         if skip:
             columns = {name: values[skip:] for name, values in columns.items()}
         return columns
+
+    def _batches_share_chunks(self) -> bool:
+        """Whether a chunk's frames go where the output wants a batch's (shared memory in a DataLoader worker):
+        only when each batch is at least half a chunk, since a batch cut from a chunk takes the whole chunk's
+        memory along with it (a smaller one is copied out instead, and the chunk stays private)."""
+        return self.batch_size is not None and self.chunk_rows <= 2 * self.batch_size
 
     def _prefetched(self, load: Callable[[Any], Columns], work: list[Any]) -> Iterator[Columns]:
         """`load` of each piece of work, in order, run up to `prefetch` pieces ahead on a background thread."""

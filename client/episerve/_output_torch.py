@@ -73,12 +73,15 @@ def convert(columns: Columns) -> TensorBatch:
 
 
 def _shared_view(torch: Any, values: SharedArray) -> Any | None:
-    """`values` as a tensor on the shared storage it lies in (None if it does not: a copy made by numpy keeps
-    the class but not the memory)."""
+    """`values` as a tensor on the shared storage it lies in; None if it does not (a copy made by numpy keeps the
+    class but not the memory) or covers less than half of it (the whole storage would travel with it, and stay
+    mapped in the main process as long as the part is kept)."""
     whole = values.shared
     if whole is None or values.dtype == object:
         return None
     storage = whole.untyped_storage()
+    if 2 * values.nbytes < storage.nbytes():  # a small part: a copy of it travels, not the whole allocation
+        return None
     start = values.ctypes.data - storage.data_ptr()
     itemsize = values.dtype.itemsize
     inside = start >= 0 and start + values.nbytes <= storage.nbytes()
