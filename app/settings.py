@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     max_window_values: int = Field(
         10_000_000, ge=1, description="Rows x offsets one windowed request may gather (per column)."
     )
+    max_frame_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1,
+        description="Decoded camera-frame bytes one response may hold (413 beyond, stating how many rows fit; the "
+        "client pages by itself). Bounds the server's memory per request.",
+    )
     cold_read_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,

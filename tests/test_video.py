@@ -311,3 +311,34 @@ def test_a_rewritten_video_file_invalidates_exactly_its_frame_segment(video_root
     assert after[kept] == before[kept]
     assert after[rewritten] != before[rewritten]  # rebuilt for the new content
     assert after[rewritten]["ctime_ns"] > before[rewritten]["ctime_ns"]
+
+
+def test_responses_over_the_frame_byte_limit_are_413_stating_the_rows_that_fit_and_the_client_pages(
+    video_root: Path, tmp_path: Path
+) -> None:
+    frame_bytes = 64 * 96 * 3
+    env = {"EPISERVE_MAX_FRAME_BYTES": str(10 * frame_bytes)}
+    with ServerProcess([video_root], tmp_path / "cache", env=env) as server, server.client() as http:
+        big = http.get("/datasets/cams-v3/rows", params={"columns": f"{TOP_CAMERA},frame_index", "stop": 11})
+        assert assert_problem(big, 413, "EPISERVE_MAX_FRAME_BYTES")["limit"] == 10
+        take = http.post("/datasets/cams-v3/rows/take", json={"indices": list(range(11)), "columns": [TOP_CAMERA]})
+        assert assert_problem(take, 413, "limit is 184320 bytes")["limit"] == 10
+        window = {"indices": [0, 1, 2, 3], "columns": ["index"], "delta_timestamps": {TOP_CAMERA: [-0.1, 0.0, 0.1]}}
+        windowed = http.post("/datasets/cams-v3/rows/take", json=window)
+        assert assert_problem(windowed, 413, "4 rows of camera frames")["limit"] == 3  # three frames a row
+        fits = http.get("/datasets/cams-v3/rows", params={"columns": f"{TOP_CAMERA},frame_index", "stop": 10})
+        assert fits.status_code == 200 and read_stream(fits.content).num_rows == 10
+        without = http.get("/datasets/cams-v3/rows", params={"columns": "frame_index,episode_index", "stop": 500})
+        assert read_stream(without.content).num_rows == min(500, oracle(video_root / "cams-v3", None).num_rows)
+
+        client = episerve.Client(server.url)
+        table = client.rows("cams-v3", columns=["episode_index", "frame_index", TOP_CAMERA], episodes=[2, 5])
+        assert table.num_rows == oracle(video_root / "cams-v3", [2, 5]).num_rows > 10  # in pages of 10
+        expected = expected_frames(video_root / "cams-v3", TOP_CAMERA, table)
+        assert np.array_equal(served_frames(table, TOP_CAMERA), expected)
+        dataset = episerve.EpisodeDataset(server.url, "cams-v3", episodes=[5], columns=["frame_index", TOP_CAMERA])
+        batch = dataset.__getitems__(list(range(len(dataset)))[::-1])  # one batch, taken in takes of 10
+        frames = batch.data[TOP_CAMERA]
+        rows = [(5, i) for i in batch.data["frame_index"].tolist()]
+        expected = frames_for_rows(video_root / "cams-v3", TOP_CAMERA, rows)
+        assert len(frames) == len(dataset) > 10 and np.array_equal(np.asarray(frames), expected.transpose(0, 3, 1, 2))

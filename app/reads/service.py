@@ -207,6 +207,7 @@ def read_slice(
                 max_rows,
             )
         _check_window_size(dataset, hi - lo, spec)
+        _check_frame_bytes(dataset, hi - lo, names, spec)
         base = with_window_columns(names, spec)
         stored = _stored_columns(dataset, base)
         if not may_block and (spec is not None or stored != base):
@@ -251,6 +252,7 @@ def take(
             shown = ", ".join(map(str, bad[:10].tolist()))
             raise InvalidInput(f"indices out of range [0, {total}): {shown}")
         _check_window_size(dataset, len(wanted), spec)
+        _check_frame_bytes(dataset, len(wanted), names, spec)
         base = with_window_columns(names, spec)
         stored = _stored_columns(dataset, base)
         if not may_block and stored != base:
@@ -285,6 +287,26 @@ def _check_window_size(dataset: Dataset, rows: int, spec: WindowSpec | None) -> 
             f"{rows} rows x {spec.widest} offsets is {rows * spec.widest} window values; "
             f"the limit is {limit} per request",
             limit,
+        )
+
+
+def _check_frame_bytes(dataset: Dataset, rows: int, names: list[str] | None, spec: WindowSpec | None) -> None:
+    """A 413 stating how many rows fit when the camera frames asked for (a window's frames each count) would
+    hold more than `max_frame_bytes`: decoded frames are built in memory, unlike stored rows."""
+    cameras = dataset.info().videos
+    windowed = spec.offsets if spec is not None else {}
+    per_row = sum(
+        feature.height * feature.width * feature.channels * len(windowed.get(key, [0]))
+        for key, feature in cameras.items()
+        if key in windowed or key in (names or ())
+    )
+    limit = dataset.limits.max_frame_bytes
+    if per_row and rows * per_row > limit:
+        fit = limit // per_row
+        raise OverLimit(
+            f"{rows} rows of camera frames are {rows * per_row} bytes decoded; the limit is {limit} bytes per "
+            f"response ({fit} rows; EPISERVE_MAX_FRAME_BYTES)",
+            fit,
         )
 
 
