@@ -46,6 +46,7 @@ def table_columns(
     channels_first: bool = True,
     empty: Allocate = np.empty,
     order: np.ndarray | None = None,
+    frames: Callable[[list[np.ndarray]], Any] | None = None,
 ) -> Columns:
     """Each column of `table` as one array whose first axis is the row (object arrays for Python values).
 
@@ -55,16 +56,17 @@ def table_columns(
     allocates (where the output wants it: shared memory in a DataLoader worker). Without `channels_first`, they
     stay (rows, [T,] H, W, C) views, for a caller that transposes them in a copy it makes anyway.
     With `order` (a permutation of the rows), rows come in that order; camera frames are put in it by the same
-    copy that makes them channels-first.
+    copy that makes them channels-first. `frames`, if given, makes a camera column from its record batches'
+    channels-last views instead (a caller that converts them anyway, with no `order`).
     """
     owner = _Owner(buffers) if buffers else None
-    columns = {}
+    columns: Columns = {}
     for i, name in enumerate(table.column_names):
         column = table.column(i)
-        if channels_first and _is_camera(column.type):
+        if (channels_first or frames is not None) and _is_camera(column.type):
             nothing = np.empty((0, *column.type.shape), np.uint8)
             parts = [_tensors(c, owner) for c in column.chunks if len(c)] or [nothing]
-            columns[name] = _frames_channels_first(parts, empty, order)
+            columns[name] = _frames_channels_first(parts, empty, order) if frames is None else frames(parts)
             continue
         values = _chunked(column, owner, decode_images, defer_blobs)
         columns[name] = values if order is None else values[order]

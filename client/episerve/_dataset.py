@@ -78,7 +78,9 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
             return batch
         return [self.transform(sample) for sample in batch]
 
-    def _fetch(self, indices: Sequence[int], channels_first: bool = True) -> Batch:
+    def _fetch(self, indices: Sequence[int], frames: Callable[[list[np.ndarray]], Any] | None = None) -> Batch:
+        """The rows at `indices` as a batch; `frames` makes the camera columns from their channels-last parts
+        (see `table_columns`)."""
         positions = np.asarray(indices, dtype=np.int64).reshape(-1)
         positions = np.where(positions < 0, positions + self._length, positions)
         if len(positions) and (positions.min() < 0 or positions.max() >= self._length):
@@ -89,7 +91,7 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
             pages.table,
             buffers=pages.buffers,
             decode_images=self.decode_images,
-            channels_first=channels_first,
             empty=allocator(self.output),
+            frames=frames,
         )
         return Batch(to_output(columns, self.output), len(positions))

@@ -63,7 +63,9 @@ def convert(columns: Columns) -> TensorBatch:
     result = TensorBatch()
     for name, values in columns.items():
         shared = _shared_view(torch, values) if isinstance(values, SharedArray) else None
-        if shared is not None:
+        if isinstance(values, torch.Tensor):  # made by a `table_columns(frames=...)` hook
+            result[name] = values
+        elif shared is not None:
             result[name] = shared
         elif values.dtype == object:
             result[name] = [_maybe_tensor(torch, item) for item in values.tolist()]

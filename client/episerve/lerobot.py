@@ -187,7 +187,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         """The samples at `indices` in one request: a `Batch` (the batch dict of `(len(indices), ...)` tensors,
         also the sequence of the samples)."""
-        columns = self._fetch(indices, channels_first=False).data  # frames (B, [T,] H, W, C): see `_camera`
+        columns = self._fetch(indices, frames=self._video_frames).data
         batch = TensorBatch()
         for key in self.meta.video_keys:
             batch[key] = self._camera(key, columns[key])
@@ -199,17 +199,33 @@ class RemoteLeRobotDataset(EpisodeDataset):
             batch["task"] = [self.meta.tasks[int(i)] for i in np.asarray(columns["task_index"]).reshape(-1)]
         return Batch(batch, len(indices))
 
+    def _video_frames(self, parts: list[np.ndarray]) -> Any:
+        """Video frames, uint8 (rows, [T,] H, W, C) record batch by record batch as served, as one float32
+        (rows, [T,] C, H, W) tensor in [0, 1]: each part made channels-first while it is converted (one pass, no
+        uint8 copy or concatenation), in shared memory in a DataLoader worker unless transforms follow."""
+        first = parts[0]
+        shape = (sum(len(p) for p in parts), *first.shape[1:-3], first.shape[-1], *first.shape[-3:-1])
+        if self.image_transforms is None and get_worker_info() is not None:
+            frames = shared_empty(torch, shape, torch.float32)
+        else:
+            frames = torch.empty(shape, dtype=torch.float32)
+        position = 0
+        for part in parts:
+            pixels = torch.from_numpy(part if part.flags.writeable else part.copy())
+            frames[position : position + len(part)].copy_(pixels.movedim(-1, -3))
+            position += len(part)
+        return frames.div_(255)
+
     def _camera(self, key: str, values: Any) -> Any:
-        """Frames (uint8; video frames channels-last as served, images channels-first) as LeRobot's float32 (C, H, W)
-        in [0, 1], each sample through `image_transforms`."""
+        """Frames (video frames already float, see `_video_frames`; images uint8 channels-first) as LeRobot's
+        float32 (C, H, W) in [0, 1], each sample through `image_transforms`."""
         if isinstance(values, list):  # images of different shapes: one tensor per sample
             return [self._transform(_unit_float(torch.from_numpy(np.asarray(v)))) for v in values]
-        pixels = torch.from_numpy(values)
-        if key in self.meta.video_keys:
-            pixels = pixels.movedim(-1, -3)  # channels-first while converting: one pass, no uint8 copy
+        frames = values if isinstance(values, torch.Tensor) else torch.from_numpy(values)
         if key in self.meta.video_keys and self.delta_timestamps and len(self.delta_timestamps.get(key, ())) == 1:
-            pixels = pixels[:, 0]  # LeRobot squeezes a one-frame video window to the frame itself
-        frames = _unit_float(pixels, shared=self.image_transforms is None and get_worker_info() is not None)
+            frames = frames[:, 0]  # LeRobot squeezes a one-frame video window to the frame itself
+        if frames.dtype == torch.uint8:
+            frames = _unit_float(frames, shared=self.image_transforms is None and get_worker_info() is not None)
         if self.image_transforms is None:
             return frames
         return torch.stack([self._transform(frame) for frame in frames]) if len(frames) else frames
