@@ -43,7 +43,6 @@ def table_columns(
     buffers: Sequence[pa.Buffer] = (),
     decode_images: bool = False,
     defer_blobs: bool = False,
-    channels_first: bool = True,
     empty: Allocate = np.empty,
     order: np.ndarray | None = None,
     frames: Callable[[list[np.ndarray]], Any] | None = None,
@@ -53,17 +52,16 @@ def table_columns(
     `buffers` are the writable buffers the table was read from; columns lying in them are viewed, not copied.
     With `defer_blobs`, binary columns and undecoded images are `DeferredBlobs`, copied out only when handed out.
     Camera frames are copied channels-first, each record batch straight into its rows of one array that `empty`
-    allocates (where the output wants it: shared memory in a DataLoader worker). Without `channels_first`, they
-    stay (rows, [T,] H, W, C) views, for a caller that transposes them in a copy it makes anyway.
-    With `order` (a permutation of the rows), rows come in that order; camera frames are put in it by the same
-    copy that makes them channels-first. `frames`, if given, makes a camera column from its record batches'
-    channels-last views instead (a caller that converts them anyway, with no `order`).
+    allocates (where the output wants it: shared memory in a DataLoader worker). With `order` (a permutation of
+    the rows), rows come in that order; camera frames are put in it by the same copy that makes them
+    channels-first. `frames`, if given, makes a camera column from its record batches' channels-last views
+    instead (a caller that converts them anyway, with no `order`).
     """
     owner = _Owner(buffers) if buffers else None
     columns: Columns = {}
     for i, name in enumerate(table.column_names):
         column = table.column(i)
-        if (channels_first or frames is not None) and _is_camera(column.type):
+        if _is_camera(column.type):
             nothing = np.empty((0, *column.type.shape), np.uint8)
             parts = [_tensors(c, owner) for c in column.chunks if len(c)] or [nothing]
             columns[name] = _frames_channels_first(parts, empty, order) if frames is None else frames(parts)

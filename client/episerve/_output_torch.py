@@ -50,7 +50,7 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if get_worker_info() is None or int(np.prod(shape)) * dtype.itemsize <= INLINE_BLOCK_BYTES:
         return np.empty(shape, dtype)
     torch = torch_module()
-    tensor = shared_empty(torch, shape, torch.from_numpy(np.empty(0, dtype)).dtype)
+    tensor = shared_empty(torch, shape, _torch_dtype(torch, dtype))
     array = tensor.numpy().view(SharedArray)
     array.shared = tensor
     return array
@@ -62,10 +62,9 @@ def convert(columns: Columns) -> TensorBatch:
     torch = torch_module()
     result = TensorBatch()
     for name, values in columns.items():
-        shared = _shared_view(torch, values) if isinstance(values, SharedArray) else None
         if isinstance(values, torch.Tensor):  # made by a `table_columns(frames=...)` hook
             result[name] = values
-        elif shared is not None:
+        elif isinstance(values, SharedArray) and (shared := _shared_view(torch, values)) is not None:
             result[name] = shared
         elif values.dtype == object:
             result[name] = [_maybe_tensor(torch, item) for item in values.tolist()]
@@ -90,8 +89,12 @@ def _shared_view(torch: Any, values: SharedArray) -> Any | None:
     if not inside or start % itemsize or any(stride < 0 or stride % itemsize for stride in values.strides):
         return None
     strides = tuple(stride // itemsize for stride in values.strides)
-    dtype = torch.from_numpy(np.empty(0, values.dtype)).dtype
-    return torch.empty(0, dtype=dtype).set_(storage, start // itemsize, values.shape, strides)
+    view = torch.empty(0, dtype=_torch_dtype(torch, values.dtype))
+    return view.set_(storage, start // itemsize, values.shape, strides)
+
+
+def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def _maybe_tensor(torch: Any, item: Any) -> Any:
