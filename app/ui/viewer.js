@@ -96,12 +96,13 @@
 
   const datasetPath = (id) => "datasets/" + id.split("/").map(encodeURIComponent).join("/");
 
-  async function datasetInfo(id) {
-    if (!viewer.infos.has(id)) viewer.infos.set(id, api(datasetPath(id)));
+  // One request per dataset, shared by everyone who asks; a failed one is forgotten so that a retry asks again.
+  async function remembered(cache, id, request) {
+    if (!cache.has(id)) cache.set(id, request());
     try {
-      return await viewer.infos.get(id);
+      return await cache.get(id);
     } catch (error) {
-      viewer.infos.delete(id);
+      cache.delete(id);
       if (error instanceof ApiError && error.status === 404) {
         throw new ApiError(404, `Dataset '${id}' was not found: ${error.message}`);
       }
@@ -109,19 +110,14 @@
     }
   }
 
-  async function episodeList(id) {
-    if (!viewer.episodeLists.has(id)) {
-      viewer.episodeLists.set(id, api(datasetPath(id) + "/episodes").then((body) => body.episodes));
-    }
-    try {
-      return await viewer.episodeLists.get(id);
-    } catch (error) {
-      viewer.episodeLists.delete(id);
-      if (error instanceof ApiError && error.status === 404) {
-        throw new ApiError(404, `Dataset '${id}' was not found: ${error.message}`);
-      }
-      throw error;
-    }
+  function datasetInfo(id) {
+    return remembered(viewer.infos, id, () => api(datasetPath(id)));
+  }
+
+  function episodeList(id) {
+    return remembered(viewer.episodeLists, id, () =>
+      api(datasetPath(id) + "/episodes").then((body) => body.episodes),
+    );
   }
 
   // ---- what a dataset holds ----------------------------------------------------------------------------------
