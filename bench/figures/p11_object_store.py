@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from bench.context import Context
-from bench.figures.p8_cold import first_batch_seconds
+from bench.figures.p8_cold import first_batch_seconds, hf_load_args
 from bench.figures.picks import cold_pick
 from bench.processes import ModuleServer
 from bench.report import Row
@@ -59,15 +59,8 @@ def run(ctx: Context) -> list[Row]:
             ours = first_batch_seconds(
                 ctx, f"s3://{BUCKET}/data", name, ids, batch, "p11-episerve", {"AWS_ENDPOINT_URL_S3": endpoint}
             )
-            args = {
-                "root": str(ctx.data_root),
-                "dataset": name,
-                "cache_dir": str(ctx.scratch("p11-hf")),
-                "hf_home": str(ctx.workdir / "hf-home"),
-                "episodes": ids,
-                "first_batch": batch,
-                "s3": {"endpoint": endpoint, "bucket": BUCKET, "prefix": "data"},
-            }
+            args = hf_load_args(ctx, name, ids, batch, "p11-hf")
+            args["s3"] = {"endpoint": endpoint, "bucket": BUCKET, "prefix": "data"}
             theirs, _ = run_job("hf-load-s3", args, ctx.logs / "p11.log")
             ctx.drop_scratch("p11-hf")
             rows.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.context import Context
 from bench.figures.picks import cold_pick, spec
@@ -42,21 +43,26 @@ def first_batch_seconds(
         ctx.drop_scratch(scratch)
 
 
+def hf_load_args(ctx: Context, name: str, ids: list[int], batch: list[int], scratch: str) -> dict[str, Any]:
+    """The HF `datasets` job's arguments for loading dataset `name`'s pick `ids` into the empty scratch directory
+    `scratch` and reading `batch` of it."""
+    return {
+        "root": str(ctx.data_root),
+        "dataset": name,
+        "cache_dir": str(ctx.scratch(scratch)),
+        "hf_home": str(ctx.workdir / "hf-home"),
+        "episodes": ids,
+        "first_batch": batch,
+    }
+
+
 def run(ctx: Context) -> list[Row]:
     rows = []
     for name in ("vector", "image"):
         dataset = ctx.datasets[name]
         ids, batch = cold_pick(dataset.lengths, ctx.scale.p8_fraction, ctx.scale.p3_batch, seed=80)
         ours = first_batch_seconds(ctx, ctx.data_root, name, ids, batch)
-        args = {
-            "root": str(ctx.data_root),
-            "dataset": name,
-            "cache_dir": str(ctx.scratch("p8-hf")),
-            "hf_home": str(ctx.workdir / "hf-home"),
-            "episodes": ids,
-            "first_batch": batch,
-        }
-        theirs, _ = run_job("hf-load", args, ctx.logs / "p8.log")
+        theirs, _ = run_job("hf-load", hf_load_args(ctx, name, ids, batch, "p8-hf"), ctx.logs / "p8.log")
         ctx.drop_scratch("p8-hf")
         rows.append(
             Row(
