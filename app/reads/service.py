@@ -295,8 +295,9 @@ def _check_frame_bytes(dataset: Dataset, rows: int, names: list[str] | None, spe
     hold more than `max_frame_bytes`: decoded frames are built in memory, unlike stored rows."""
     cameras = dataset.info().videos
     windowed = spec.offsets if spec is not None else {}
+    frames_per_row = {key: len(windowed[key]) if key in windowed else 1 for key in cameras}
     per_row = sum(
-        feature.height * feature.width * feature.channels * len(windowed.get(key, [0]))
+        feature.height * feature.width * feature.channels * frames_per_row[key]
         for key, feature in cameras.items()
         if key in windowed or key in (names or ())
     )

@@ -100,7 +100,8 @@ class OpenDecoder:
                     picked_at[wanted], chosen = previous if nearer else (at, frame)  # type: ignore[misc]
                     keep(wanted, chosen)
                     wanted += 1
-                while wanted < len(times) and times[wanted] - at <= self._settled_within(frame):
+                settled_within = self._settled_within(frame)
+                while wanted < len(times) and times[wanted] - at <= settled_within:
                     picked_at[wanted] = at  # a hair past this frame: the next one cannot be nearer
                     keep(wanted, frame)
                     wanted += 1

@@ -202,30 +202,24 @@ class RemoteLeRobotDataset(EpisodeDataset):
     def _video_frames(self, parts: list[np.ndarray]) -> Any:
         """Video frames, uint8 (rows, [T,] H, W, C) record batch by record batch as served, as one float32
         (rows, [T,] C, H, W) tensor in [0, 1]: each part made channels-first while it is converted (one pass, no
-        uint8 copy or concatenation), in shared memory in a DataLoader worker unless transforms follow."""
-        first = parts[0]
-        shape = (sum(len(p) for p in parts), *first.shape[1:-3], first.shape[-1], *first.shape[-3:-1])
-        if self.image_transforms is None and get_worker_info() is not None:
-            frames = shared_empty(torch, shape, torch.float32)
-        else:
-            frames = torch.empty(shape, dtype=torch.float32)
-        position = 0
-        for part in parts:
-            pixels = torch.from_numpy(part if part.flags.writeable else part.copy())
-            frames[position : position + len(part)].copy_(pixels.movedim(-1, -3))
-            position += len(part)
-        return frames.div_(255)
+        uint8 copy or concatenation)."""
+        pixels = [torch.from_numpy(p if p.flags.writeable else p.copy()).movedim(-1, -3) for p in parts]
+        return _unit_float(pixels, shared=self._floats_shared())
+
+    def _floats_shared(self) -> bool:
+        """Whether float frames go to shared memory: in a DataLoader worker, unless transforms replace them."""
+        return self.image_transforms is None and get_worker_info() is not None
 
     def _camera(self, key: str, values: Any) -> Any:
         """Frames (video frames already float, see `_video_frames`; images uint8 channels-first) as LeRobot's
         float32 (C, H, W) in [0, 1], each sample through `image_transforms`."""
         if isinstance(values, list):  # images of different shapes: one tensor per sample
-            return [self._transform(_unit_float(torch.from_numpy(np.asarray(v)))) for v in values]
+            return [self._transform(_unit_float([torch.from_numpy(np.asarray(v))])) for v in values]
         frames = values if isinstance(values, torch.Tensor) else torch.from_numpy(values)
         if key in self.meta.video_keys and self.delta_timestamps and len(self.delta_timestamps.get(key, ())) == 1:
             frames = frames[:, 0]  # LeRobot squeezes a one-frame video window to the frame itself
         if frames.dtype == torch.uint8:
-            frames = _unit_float(frames, shared=self.image_transforms is None and get_worker_info() is not None)
+            frames = _unit_float([frames], shared=self._floats_shared())
         if self.image_transforms is None:
             return frames
         return torch.stack([self._transform(frame) for frame in frames]) if len(frames) else frames
@@ -234,20 +228,22 @@ class RemoteLeRobotDataset(EpisodeDataset):
         return frame if self.image_transforms is None else self.image_transforms(frame)
 
 
-def _unit_float(pixels: Any, shared: bool = False) -> Any:
-    """float32(x) / 255 computed in float32, as LeRobot's decoders and `ToTensor` compute it.
+def _unit_float(parts: Sequence[Any], shared: bool = False) -> Any:
+    """Tensors `parts`, joined along their first axis, as float32; uint8 ones as float32(x) / 255 computed in
+    float32, as LeRobot's decoders and `ToTensor` compute it.
 
     Converting into a float tensor and dividing in place is ~10x faster than dividing the uint8 tensor (a
     mixed-dtype op that casts element by element). In a DataLoader worker (`shared`) the float tensor is allocated
     in shared memory, where the batch crosses to the main process without another copy.
     """
-    if pixels.dtype != torch.uint8:
-        return pixels.to(torch.float32)
-    if shared:
-        frames = shared_empty(torch, tuple(pixels.shape), torch.float32)
-    else:
-        frames = torch.empty(pixels.shape, dtype=torch.float32)
-    frames.copy_(pixels)
+    if parts[0].dtype != torch.uint8:
+        return (parts[0] if len(parts) == 1 else torch.cat(list(parts))).to(torch.float32)
+    shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
+    frames = shared_empty(torch, shape, torch.float32) if shared else torch.empty(shape, dtype=torch.float32)
+    position = 0
+    for part in parts:
+        frames[position : position + len(part)].copy_(part)
+        position += len(part)
     return frames.div_(255)
 
 
