@@ -119,3 +119,44 @@ def test_stream_parts_point_into_the_batches_they_encode(tmp_path: Path) -> None
     in_map = [p for p in parts if isinstance(p, memoryview) and low <= pa.py_buffer(p).address < high]
     assert sum(p.nbytes for p in in_map) >= 0.9 * (n + 30_000) * 8  # the float values, straight from the map
     assert all(len(p) >= OWN_CHUNK_BYTES for p in parts if isinstance(p, memoryview))
+
+
+def test_pending_rows_are_sent_from_their_sources_and_the_stream_equals_the_filled_one() -> None:
+    """Rows left pending (camera frames in a decoded-frame segment) go out as views of their sources, also
+    when a batch is sent in slices; the stream is byte for byte the one of the filled batches, and reading the
+    data fills them in place."""
+    from app.reads.arrow_ipc import encode_stream
+    from app.reads.pending_copies import PendingCopies
+
+    rng = np.random.default_rng(9)
+    shape = (6, 4096, 3)  # 72 KiB a row
+    sources = rng.integers(0, 256, (10, *shape), dtype=np.uint8)
+    target = np.empty((7, *shape), dtype=np.uint8)
+    target[[1, 4]] = rng.integers(0, 256, (2, *shape), dtype=np.uint8)  # rows already in place (decoded)
+    rows, picks = np.array([0, 2, 3, 5, 6]), [9, 0, 0, 3, 7]  # one source may fill several rows
+    pending = PendingCopies()
+    pending.add(target, rows, [sources[p] for p in picks])
+    filled = target.copy()
+    filled[rows] = sources[picks]
+    index = pa.array(np.arange(7, dtype=np.int64))
+    unfilled = pa.record_batch({"frame": pa.FixedShapeTensorArray.from_numpy_ndarray(target), "index": index})
+    complete = pa.record_batch({"frame": pa.FixedShapeTensorArray.from_numpy_ndarray(filled), "index": index})
+    cuts = [(0, 3), (3, 4)]  # slices, as large batches are sent
+
+    parts = [
+        part
+        for group in encode_stream(unfilled.schema, [unfilled.slice(*cut) for cut in cuts], pending=pending)
+        for part in group
+    ]
+
+    expected = pa.BufferOutputStream()
+    with pa.ipc.new_stream(expected, complete.schema) as writer:
+        for cut in cuts:
+            writer.write_batch(complete.slice(*cut))
+    assert b"".join(parts) == expected.getvalue().to_pybytes()
+    low, high = sources.ctypes.data, sources.ctypes.data + sources.nbytes
+    from_sources = [p for p in parts if isinstance(p, memoryview) and low <= pa.py_buffer(p).address < high]
+    assert [p.nbytes for p in from_sources] == [target[0].nbytes] * len(rows)  # each pending row, from its source
+    assert not np.array_equal(target[rows], filled[rows])  # sending filled nothing in
+    pending.make()
+    assert np.array_equal(target, filled)

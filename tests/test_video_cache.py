@@ -30,7 +30,7 @@ from app.sources.decoders import DecoderPool
 from app.sources.video import decode_nearest, frame_schema, video_features
 from app.store.catalog import Catalog
 from tests.support import ServerProcess, eventually, read_stream
-from tests.test_operations import run_cli
+from tests.test_operations import metric, run_cli
 from tests.video_oracle import decode_video, episode_video, frames_for_rows
 
 ROWS = ["episode_index", "frame_index"]
@@ -139,6 +139,61 @@ def test_a_video_larger_than_the_whole_budget_is_decoded_on_demand(video_root: P
         assert np.array_equal(served(table, TOP_CAMERA), expected(root / "cams", TOP_CAMERA, table))
     assert frame_segments(cache) == {}
     assert list(cache.rglob("frames/*.arrow")) == []
+
+
+@pytest.fixture(scope="module")
+def large_frame_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One camera of 128x192 (72 KiB a frame: large enough to be sent from the decoded-frame segment's memory
+    map rather than copied), its episodes in two mp4 files."""
+    root = tmp_path_factory.mktemp("large-frames")
+    write_demo_dataset(root / "big", episodes=6, seed=21, cameras={TOP_CAMERA: (128, 192)}, video_files=2)
+    return root
+
+
+def test_large_frames_sent_from_the_cache_equal_the_decoded_ones_in_takes_slices_and_compressed_answers(
+    large_frame_root: Path, tmp_path: Path
+) -> None:
+    root, cache = large_frame_root / "big", tmp_path / "cache"
+    files = {e: episode_video(root, TOP_CAMERA, e).path for e in range(6)}
+    warmed = [e for e in range(6) if files[e] == files[0]]
+    assert 0 < len(warmed) < 6  # answers mix frames from a segment and frames decoded on demand
+    result = run_cli(
+        "warm", "big", "--episodes", ",".join(map(str, warmed)), "--videos", "--root", str(large_frame_root),
+        "--cache-dir", str(cache),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    env = {"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}
+    with ServerProcess([large_frame_root], cache, env=env) as server, httpx.Client(base_url=server.url) as http:
+        total = int(http.get("/datasets/big/rows", params={"stop": 0}).headers["x-total-rows"])
+        rng = np.random.default_rng(4)
+        for count in (7, 90):  # answers of one encoded piece (< 4 MiB) and streamed ones
+            indices = [*rng.integers(0, total, count).tolist(), 0, 0]  # random order, duplicates
+            for compression in (None, "lz4"):
+                body = {"indices": indices, "columns": [*ROWS, TOP_CAMERA], "compression": compression}
+                table = read_stream(http.post("/datasets/big/rows/take", json=body).content)
+                assert len(table) == count + 2
+                assert np.array_equal(served(table, TOP_CAMERA), expected(root, TOP_CAMERA, table))
+        for episodes in (",".join(map(str, warmed)), "0-5"):
+            params = {"episodes": episodes, "start": 3, "stop": 70, "columns": ",".join([*ROWS, TOP_CAMERA])}
+            table = read_stream(http.get("/datasets/big/rows", params=params).content)
+            assert len(table) == 67
+            assert np.array_equal(served(table, TOP_CAMERA), expected(root, TOP_CAMERA, table))
+
+        # Once the segment is mapped, takes of its frames are answered on the event loop (any size: the frames
+        # are sent from the map); a take that needs a frame decoded, or a camera window, goes to the route.
+        body = {"episodes": warmed, "indices": list(range(80, 0, -1)), "columns": [*ROWS, TOP_CAMERA]}
+        unwarmed = {"episodes": [e for e in range(6) if e not in warmed], "indices": [5, 1], "columns": [TOP_CAMERA]}
+        window = {**body, "delta_timestamps": {TOP_CAMERA: [-0.1, 0.0]}}
+        for request, on_the_loop in ((body, 1), (unwarmed, 0), (window, 0), (body, 1)):
+            before = metric(http.get("/metrics").text, "episerve_inline_takes_total")
+            response = http.post("/datasets/big/rows/take", json=request)
+            assert response.status_code == 200, response.text
+            assert metric(http.get("/metrics").text, "episerve_inline_takes_total") - before == on_the_loop
+        table = read_stream(response.content)
+        rows_alone = read_stream(http.post("/datasets/big/rows/take", json={**body, "columns": ROWS}).content)
+        assert table.select(ROWS).equals(rows_alone) and len(table) == 80
+        assert np.array_equal(served(table, TOP_CAMERA), expected(root, TOP_CAMERA, table))
+    assert set(frame_segments(cache)) == {files[0].relative_to(root).as_posix()}  # nothing else was built
 
 
 # -- crash safety and one build across processes ------------------------------------------------------------------

@@ -26,6 +26,7 @@ from app.reads.arrow_ipc import (
     encode_whole,
     stream_size,
 )
+from app.reads.pending_copies import PendingCopies
 from app.reads.service import Answer
 
 _PIECE_BYTES = 16 * 1024 * 1024  # larger batches (windowed answers) are sent as slices: the loop never waits long
@@ -34,21 +35,22 @@ _SINGLE_PIECE_BYTES = 4 * 1024 * 1024
 
 def arrow_response(answer: Answer) -> Response:
     """The answer as an Arrow IPC stream response: small bodies encoded at once (tiny ones into one buffer),
-    large ones batch by batch as they are sent (compressed ones without a known length)."""
-    schema, batches, codec = answer.schema, answer.batches, answer.codec
+    large ones batch by batch as they are sent (compressed ones without a known length). Rows the answer left
+    pending are sent from where they lie, uncompressed."""
+    schema, batches, codec, pending = answer.schema, answer.unfilled_batches, answer.codec, answer.pending
     headers = {**answer.headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
     if codec is not None:
         headers["X-Arrow-Compression"] = codec
     if sum(b.get_total_buffer_size() for b in batches) < OWN_CHUNK_BYTES:  # nbytes costs ~16 us a batch
-        return ArrowChunksResponse([memoryview(encode_whole(schema, batches, codec))], headers)
+        return ArrowChunksResponse([memoryview(encode_whole(schema, answer.batches, codec))], headers)
     size = stream_size(schema, batches)
     if size <= _SINGLE_PIECE_BYTES:
-        chunks = [chunk for chunks in encode_stream(schema, batches, codec) for chunk in chunks]
+        chunks = [chunk for chunks in encode_stream(schema, batches, codec, pending) for chunk in chunks]
         return ArrowChunksResponse(chunks, headers)
     if codec is not None:
-        joined = (b"".join(chunks) for chunks in encode_stream(schema, batches, codec))
+        joined = (b"".join(chunks) for chunks in encode_stream(schema, answer.batches, codec))
         return StreamingResponse(joined, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
-    return ArrowStreamResponse(schema, batches, headers, size)
+    return ArrowStreamResponse(schema, batches, headers, size, pending)
 
 
 def bounded(batches: Sequence[pa.RecordBatch], max_bytes: int) -> list[pa.RecordBatch]:
@@ -70,7 +72,12 @@ class ArrowStreamResponse(Response):
     media_type = ARROW_STREAM_MEDIA_TYPE
 
     def __init__(
-        self, schema: pa.Schema, batches: Sequence[pa.RecordBatch], headers: dict[str, str], size: int | None = None
+        self,
+        schema: pa.Schema,
+        batches: Sequence[pa.RecordBatch],
+        headers: dict[str, str],
+        size: int | None = None,
+        pending: PendingCopies | None = None,
     ) -> None:
         pieces = bounded(batches, _PIECE_BYTES)
         if size is None or len(pieces) != len(batches):
@@ -78,12 +85,13 @@ class ArrowStreamResponse(Response):
         super().__init__(headers={**headers, "Content-Length": str(size)})
         self.schema = schema
         self.batches = pieces
+        self.pending = pending
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnect(receive))
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            for chunks in encode_stream(self.schema, self.batches):
+            for chunks in encode_stream(self.schema, self.batches, pending=self.pending):
                 for chunk in chunks:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await asyncio.sleep(0)  # a send to a closed connection returns at once: let `gone` see it

@@ -9,6 +9,10 @@ the event loop anyway. This ASGI middleware answers the common cases itself:
 - `GET /datasets/{id}/rows` without windows, compression or `If-None-Match`, with an accepted token, and
   segments this process has mapped already.
 
+Camera frames qualify when every one comes from a decoded-frame segment this process has mapped (and not inside
+a window): frames of 64 KiB or more are sent straight from the map (`app.reads.pending_copies`), so they count
+nothing against the inline budget; smaller ones are copied and do.
+
 A take's body is read here only if its declared length is within `EPISERVE_MAX_BODY_BYTES` (else the route
 answers 413 before a byte of it is read), and only until the request's body deadline (`EPISERVE_BODY_TIMEOUT_S`,
 shared with the route, which then answers 408).
@@ -17,8 +21,8 @@ Both parse the request with the route's own model (`app.reads.requests`) and cal
 `may_block=False`; a request parsed here and passed on is not parsed again.
 
 `EPISERVE_INLINE_READ_BYTES=0` turns the lane off. Anything else (every error, a first touch that maps or builds
-a segment, a large take) goes on, body intact, to the regular route, which answers it as it always does. The
-response is the same either way; only its cost differs.
+a segment, frames to decode, a large take) goes on, body intact, to the regular route, which answers it as it
+always does. The response is the same either way; only its cost differs.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The stream comes out as chunks to send in order. Column buffers of at least `OWN
 own that point into the batch's memory (for stored rows: the memory-mapped segment), so the data is copied once,
 by the kernel into the socket; the small pieces between them (message headers, padding, rebased offsets) are
 joined. The exact size of an uncompressed stream is known before the first byte is sent (`Content-Length`),
-which lets clients read straight into a buffer of the right size.
+which lets clients read straight into a buffer of the right size. Rows an answer has not copied into its buffers
+yet (`PendingCopies`) are sent from where they lie.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+
+from app.reads.pending_copies import PendingCopies
 
 ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -37,12 +40,18 @@ def encode_whole(schema: pa.Schema, batches: Sequence[pa.RecordBatch], compressi
 
 
 def encode_stream(
-    schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None
+    schema: pa.Schema,
+    batches: Sequence[pa.RecordBatch],
+    compression: str | None = None,
+    pending: PendingCopies | None = None,
 ) -> Iterator[list[Chunk]]:
     """The IPC stream of `batches`: one list of chunks for the schema, one per batch (encoded only when the
     consumer gets to it) and one for the end marker. With `compression` (`lz4` or `zstd`, which every Arrow
-    reader decompresses by itself) the batch bodies are compressed."""
-    chunks = _Chunks()
+    reader decompresses by itself) the batch bodies are compressed. The `pending` rows of the batches' buffers
+    are sent from their sources (made in place first when compressing, which reads every byte)."""
+    if pending and compression is not None:
+        pending.make()
+    chunks = _Chunks(pending)
     options = pa.ipc.IpcWriteOptions(compression=compression)
     writer = pa.ipc.new_stream(pa.PythonFile(chunks, mode="w"), schema, options=options)
     yield chunks.drain()
@@ -56,18 +65,22 @@ def encode_stream(
 class _Chunks:
     """A writable file that keeps large writes as they are: Arrow hands over its buffers, not copies."""
 
-    def __init__(self) -> None:
+    def __init__(self, pending: PendingCopies | None = None) -> None:
+        self.pending = pending
         self.chunks: list[Chunk] = []
         self.small: list[bytes] = []
         self.closed = False
 
     def write(self, data: bytes | pa.Buffer) -> int:
         view = memoryview(data)
+        pieces = None
+        if self.pending and isinstance(data, pa.Buffer):
+            pieces = self.pending.pieces(data.address, view.nbytes)
         if view.nbytes >= OWN_CHUNK_BYTES:
             self._join_small()
-            self.chunks.append(view)
+            self.chunks.extend(pieces or [view])
         else:
-            self.small.append(view.tobytes())
+            self.small.extend([piece.tobytes() for piece in pieces] if pieces else [view.tobytes()])
         return view.nbytes
 
     def _join_small(self) -> None:

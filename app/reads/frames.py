@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from app.errors import DatasetError, InvalidInput
+from app.errors import DatasetError, InvalidInput, WouldBlock
+from app.reads.arrow_ipc import OWN_CHUNK_BYTES
 from app.reads.episode_spec import EpisodeRanges, resolve_episodes
+from app.reads.pending_copies import PendingCopies
 from app.reads.takes import take_rows
 from app.sources.source import EpisodeClip, Source, VideoFeature
 from app.sources.video import FRAME, PTS, check_tolerance, decode_nearest_into, frame_schema, nearest_rows
@@ -41,15 +43,20 @@ def frame_columns(
     rows: np.ndarray,
     keys: list[str],
     tolerance_s: float,
+    pending: PendingCopies | None = None,
+    may_block: bool = True,
 ) -> dict[str, pa.Array]:
-    """The frames of `keys` for view `rows` (any order, duplicates allowed), one column per key."""
+    """The frames of `keys` for view `rows` (any order, duplicates allowed), one column per key. Frames found
+    in decoded-frame segments are left to `pending` when given (and at least `OWN_CHUNK_BYTES` each). Without
+    `may_block`, only frames from segments this process has mapped, and at most `inline_read_bytes` of them
+    copied (else `WouldBlock`)."""
     if TIMESTAMP not in index.schema.names or not index.has_episode_column:
         raise InvalidInput(f"dataset {dataset.id!r} has no {TIMESTAMP!r} and episode columns to locate frames by")
     if len(rows) == 0:
         videos = dataset.info().videos
         return {key: _empty(videos[key].arrow_type) for key in keys}
     unique, inverse = np.unique(rows, return_inverse=True)
-    located = take_rows(dataset, index, view, unique, [dataset.episode_column, TIMESTAMP])
+    located = take_rows(dataset, index, view, unique, [dataset.episode_column, TIMESTAMP], may_block)
     episodes = located[dataset.episode_column].to_numpy()
     timestamps = located[TIMESTAMP].to_numpy().astype(np.float64)
     first, _ = view.episode_bounds(unique)
@@ -58,7 +65,9 @@ def frame_columns(
     columns = {}
     for key in keys:
         feature = source.info.videos[key]
-        frames = _frames(dataset, source, feature, episodes, timestamps, frame_index, tolerance_s, inverse)
+        frames = _frames(
+            dataset, source, feature, episodes, timestamps, frame_index, tolerance_s, inverse, pending, may_block
+        )
         columns[key] = pa.FixedShapeTensorArray.from_numpy_ndarray(frames)
     return columns
 
@@ -72,14 +81,20 @@ def _frames(
     frame_index: np.ndarray,
     tolerance_s: float,
     order: np.ndarray,
+    pending: PendingCopies | None,
+    may_block: bool,
 ) -> np.ndarray:
     """The frames of `feature` for `order`-indexed rows of (`episodes`, `timestamps`): `result[i]` is the frame of
     row `order[i]`, checked against `tolerance_s`. Each frame is written once, copied from the decoded-frame
-    segment's memory map or converted from the decoder straight into the result."""
+    segment's memory map (or left to `pending`, which sends it from the map) or converted from the decoder
+    straight into the result."""
     clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}
     wanted = timestamps + np.array([clips[int(e)].from_timestamp for e in episodes])
     paths = np.array([clips[int(e)].path for e in episodes], dtype=object)
     frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
+    deferred = pending if len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
+    if not may_block and deferred is None and frames.nbytes > dataset.limits.inline_read_bytes:
+        raise WouldBlock(f"{len(order)} frames of {feature.key} are more than {dataset.limits.inline_read_bytes} bytes")
     found = np.empty(len(episodes))
     for path in sorted(set(paths.tolist())):
         here = np.flatnonzero(paths == path)
@@ -88,13 +103,19 @@ def _frames(
         picture_of_row[here] = back
         positions = np.flatnonzero(np.isin(order, here))
         picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
-        segment = _frame_segment(dataset, path, feature)
+        segment = _frame_segment(dataset, path, feature, may_block)
         if segment is None:
+            if not may_block:
+                raise WouldBlock("camera frames are decoded off the event loop")
             places = _places(positions, picks, len(times))
             at = decode_nearest_into(frames, places, dataset.path, path, times, feature, dataset.decoders)
         else:
             pictures, batch_of, row_in_batch, at = _nearest_in_segment(segment, times, feature)
-            _gather(frames, positions, pictures, batch_of[picks], row_in_batch[picks])
+            if deferred is not None:
+                places = zip(batch_of[picks].tolist(), row_in_batch[picks].tolist(), strict=True)
+                deferred.add(frames, positions, [pictures[batch][row] for batch, row in places])
+            else:
+                _gather(frames, positions, pictures, batch_of[picks], row_in_batch[picks])
         found[here] = at[back]
     check_tolerance(feature.key, episodes, frame_index, wanted, found, tolerance_s)
     return frames
@@ -112,13 +133,13 @@ def video_files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list
     return sorted(files.items())
 
 
-def _frame_segment(dataset: Dataset, path: str, feature: VideoFeature) -> Segment | None:
+def _frame_segment(dataset: Dataset, path: str, feature: VideoFeature, may_block: bool) -> Segment | None:
     """The decoded-frame segment of a video file, as the cache policy has it: built on first touch (budget
     allowing), used only where `warm` built it, or never."""
     policy = dataset.limits.video_cache_policy
     if policy == "on-demand":
         return None
-    return dataset.frame_segment(path, frame_schema(feature), build=policy == "first-touch")
+    return dataset.frame_segment(path, frame_schema(feature), policy == "first-touch", may_block)
 
 
 def _gather(

@@ -7,8 +7,8 @@ and returns an `Answer`: the schema, the record batches and the headers that des
 for the wire is the caller's business (`app.api.arrow_response`).
 
 `may_block=False` asks for a read that is quick enough to run on an event loop: when it would load the index,
-map or build a segment, read a source file, reload changed sources, compute the windows of a slice or gather
-more than `inline_read_bytes`, it raises `WouldBlock` before doing any of that.
+map or build a segment, read a source file, reload changed sources, compute the windows of a slice, decode camera
+frames or gather more than `inline_read_bytes`, it raises `WouldBlock` before doing any of that.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pyarrow as pa
 from app.errors import InvalidInput, OverLimit, WouldBlock
 from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episodes
 from app.reads.frames import frame_columns, view_schema
+from app.reads.pending_copies import PendingCopies
 from app.reads.requests import SliceRequest, TakeRequest
 from app.reads.takes import project, take_rows
 from app.reads.windows import (
@@ -41,12 +42,23 @@ from app.store.views import EpisodeView
 
 @dataclass(frozen=True)
 class Answer:
-    """Rows to send: `schema`, `batches` (zero-copy over the maps where possible) and their `headers`."""
+    """Rows to send: `schema`, the batches (zero-copy over the maps where possible) and their `headers`.
+
+    `unfilled_batches` may still lack `pending` rows, which an encoder sends from where they lie
+    (`encode_stream(..., pending=answer.pending)`); `batches` has every row in place."""
 
     schema: pa.Schema
-    batches: list[pa.RecordBatch]
+    unfilled_batches: list[pa.RecordBatch]
     headers: dict[str, str]
     codec: str | None = None  # IPC body compression, if asked for
+    pending: PendingCopies | None = None
+
+    @property
+    def batches(self) -> list[pa.RecordBatch]:
+        """The batches with every row in place (pending copies are made now)."""
+        if self.pending is not None:
+            self.pending.make()
+        return self.unfilled_batches
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,8 @@ class NotModified:
 
 @dataclass(frozen=True)
 class RowSlice:
-    """A contiguous slice of a view: zero-copy batches over the memory-mapped segments."""
+    """A contiguous slice of a view: zero-copy batches over the memory-mapped segments (camera frames from
+    decoded-frame segments may be `pending`, see `Answer`)."""
 
     schema: pa.Schema
     batches: list[pa.RecordBatch]
@@ -66,6 +79,7 @@ class RowSlice:
     start: int
     stop: int
     digest: str
+    pending: PendingCopies | None = None
 
 
 @dataclass(frozen=True)
@@ -80,11 +94,13 @@ class SliceBounds:
 
 @dataclass(frozen=True)
 class RowTake:
-    """Rows picked by view index, in the order asked."""
+    """Rows picked by view index, in the order asked (camera frames from decoded-frame segments may be
+    `pending`, see `Answer`)."""
 
     table: pa.Table
     total_rows: int
     digest: str
+    pending: PendingCopies | None = None
 
 
 # -- requests ----------------------------------------------------------------------------------------------------
@@ -127,8 +143,9 @@ def answer_slice(
         windows,
         may_block,
         request.tolerance_s,
+        defer_frames=True,
     )
-    return Answer(selected.schema, selected.batches, headers_of(selected), request.codec)
+    return Answer(selected.schema, selected.batches, headers_of(selected), request.codec, selected.pending)
 
 
 def answer_take(dataset: Dataset, request: TakeRequest, may_block: bool = True) -> Answer:
@@ -140,9 +157,19 @@ def answer_take(dataset: Dataset, request: TakeRequest, may_block: bool = True) 
             limits.max_take_indices,
         )
     ranges = request.episode_ranges(limits)
-    taken = take(dataset, ranges, request.indices, request.columns, request.windows(), may_block, request.tolerance_s)
+    taken = take(
+        dataset,
+        ranges,
+        request.indices,
+        request.columns,
+        request.windows(),
+        may_block,
+        request.tolerance_s,
+        defer_frames=True,
+    )
     batches = [b for b in taken.table.to_batches() if b.num_rows]
-    return Answer(taken.table.schema, batches, {"X-Total-Rows": str(taken.total_rows)}, request.codec)
+    headers = {"X-Total-Rows": str(taken.total_rows)}
+    return Answer(taken.table.schema, batches, headers, request.codec, taken.pending)
 
 
 def files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list[int]:
@@ -191,9 +218,11 @@ def read_slice(
     windows: WindowRequest | None = None,
     may_block: bool = True,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
+    defer_frames: bool = False,
 ) -> RowSlice:
     """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches. Windowed
-    columns, when asked for, are gathered and replace the stored column in the batches."""
+    columns, when asked for, are gathered and replace the stored column in the batches. With `defer_frames`,
+    camera frames found in decoded-frame segments may be left `pending` (see `Answer`)."""
 
     def attempt(index: EpisodeIndex) -> RowSlice:
         view = view_of(dataset, index, episodes)
@@ -210,8 +239,8 @@ def read_slice(
         _check_frame_bytes(dataset, hi - lo, names, spec)
         base = with_window_columns(names, spec)
         stored = _stored_columns(dataset, base)
-        if not may_block and (spec is not None or stored != base):
-            raise WouldBlock("windows and camera frames are computed off the event loop")
+        if not may_block and spec is not None:
+            raise WouldBlock("the windows of a slice are computed off the event loop")
         spans = list(view.spans(lo, hi))
         dataset.ensure_fresh(index, {file for file, _, _ in spans})
         batches = [
@@ -220,12 +249,13 @@ def read_slice(
             for piece in dataset.segment(index, file, may_block).slice(first, end, stored)
         ]
         schema = project(index.schema, stored)
+        pending = PendingCopies() if defer_frames else None
         if spec is not None or stored != base:
             table = pa.Table.from_batches(batches, schema)
             rows = np.arange(lo, hi, dtype=np.int64)
-            table = _complete(dataset, index, view, rows, table, base, spec, tolerance_s)
+            table = _complete(dataset, index, view, rows, table, base, spec, tolerance_s, may_block, pending)
             schema, batches = table.schema, table.to_batches()
-        return RowSlice(schema, batches, total, lo, hi, index.digest)
+        return RowSlice(schema, batches, total, lo, hi, index.digest, pending or None)
 
     return dataset.with_fresh_index(attempt, may_block)
 
@@ -238,8 +268,10 @@ def take(
     windows: WindowRequest | None = None,
     may_block: bool = True,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
+    defer_frames: bool = False,
 ) -> RowTake:
-    """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included."""
+    """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included. With
+    `defer_frames`, camera frames found in decoded-frame segments may be left `pending` (see `Answer`)."""
 
     def attempt(index: EpisodeIndex) -> RowTake:
         view = view_of(dataset, index, episodes)
@@ -255,12 +287,13 @@ def take(
         _check_frame_bytes(dataset, len(wanted), names, spec)
         base = with_window_columns(names, spec)
         stored = _stored_columns(dataset, base)
-        if not may_block and stored != base:
-            raise WouldBlock("camera frames are decoded off the event loop")
+        if not may_block and spec is not None and any(key in spec.offsets for key in dataset.info().videos):
+            raise WouldBlock("windows of camera frames are decoded off the event loop")
         table = take_rows(dataset, index, view, wanted, stored, may_block)
+        pending = PendingCopies() if defer_frames else None
         if spec is not None or stored != base:
-            table = _complete(dataset, index, view, wanted, table, base, spec, tolerance_s, may_block)
-        return RowTake(table, total, index.digest)
+            table = _complete(dataset, index, view, wanted, table, base, spec, tolerance_s, may_block, pending)
+        return RowTake(table, total, index.digest, pending or None)
 
     return dataset.with_fresh_index(attempt, may_block)
 
@@ -376,14 +409,16 @@ def _complete(
     spec: WindowSpec | None,
     tolerance_s: float,
     may_block: bool = True,
+    pending: PendingCopies | None = None,
 ) -> pa.Table:
-    """The stored columns of view `rows` in `table`, completed: camera frames decoded, windows applied, and the
-    columns in the order asked (windows' `<column>_is_pad` masks last)."""
+    """The stored columns of view `rows` in `table`, completed: camera frames decoded (or left `pending` where
+    a decoded-frame segment holds them), windows applied, and the columns in the order asked (windows'
+    `<column>_is_pad` masks last)."""
     cameras = dataset.info().videos
     windowed = spec.offsets if spec is not None else {}
     plain = [name for name in names or [] if name in cameras and name not in windowed]
     if plain:
-        for key, frames in frame_columns(dataset, index, view, rows, plain, tolerance_s).items():
+        for key, frames in frame_columns(dataset, index, view, rows, plain, tolerance_s, pending, may_block).items():
             table = table.append_column(pa.field(key, frames.type), frames)
     if spec is not None:
         table = _apply_windows(dataset, index, view, rows, table, spec, tolerance_s, may_block)

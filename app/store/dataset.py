@@ -255,11 +255,17 @@ class Dataset:
             known = self._other_files[rel] = source.fingerprint(rel)[0]
         return known
 
-    def frame_segment(self, rel: str, schema: pa.Schema, build: bool) -> Segment | None:
+    def frame_segment(self, rel: str, schema: pa.Schema, build: bool, may_block: bool = True) -> Segment | None:
         """The decoded-frame segment of video file `rel` if it is built; else None (decode on demand), and with
         `build` its build queued in the background if the video cache budget has room for it. The request that
-        finds a video cold is answered by decoding on demand, not after decoding the whole file."""
+        finds a video cold is answered by decoding on demand, not after decoding the whole file. Without
+        `may_block`, only a segment this process has mapped already (else `WouldBlock`)."""
         source = self.file_fingerprint(rel)
+        if not may_block:
+            mapped = self.frames.opened(source)
+            if mapped is None:
+                raise WouldBlock(f"the decoded-frame segment of {rel} is not mapped yet")
+            return self._used_frames(mapped)
         segment = self.frames.open_if_built(source, schema)
         if segment is None:
             if build and not self.frames.queued(rel) and self._admit_frames(source, schema):
