@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -18,13 +19,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from app.api.ui import VENDOR_DIRECTORY
-from app.demo import JOINT_NAMES, TOP_CAMERA, WRIST_CAMERA
+from app.demo import IMAGE, JOINT_NAMES, STATE, TOP_CAMERA, WRIST_CAMERA, write_demo_dataset
 from tests.support import ServerProcess, oracle, read_stream, source_files
 
 CHROMIUM = Path("/usr/bin/chromium")
 LIBRARIES = ("arrow.min.js", "uplot.min.js", "uplot.min.css")
 TOKEN = "viewer-test-token"
 TIMES, EN_DASH = "\u00d7", "\u2013"  # as the page writes shapes and ranges
+PREFIX = "/episerve"  # where the proxy of the path-prefix tests serves the server
+PLACEHOLDER_RGB = (0x8A, 0x93, 0xA3)  # the viewer's canvas for an image row without bytes
 
 
 def libraries_built() -> bool:
@@ -98,6 +101,61 @@ def viewer_server(video_root: Path, tmp_path_factory: pytest.TempPathFactory) ->
         yield running
 
 
+def write_lerobot_lists_dataset(path: Path) -> Path:
+    """A LeRobot v3.0 dataset (3 episodes, no videos) as some writers store it: `observation.state` a variable-length
+    list<float32> (shape 6 in meta/info.json), null where frame_index % 7 == 3 and 4 values long where
+    frame_index % 5 == 1; and image cells holding only a `path`, no `bytes`, where frame_index % 4 == 2."""
+    write_demo_dataset(path, format="v3.0", episodes=3, seed=5, files=1, cameras={})
+    (data_file,) = source_files(path)
+    table = pq.read_table(data_file)
+    rows = zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True)
+    states, images = [], []
+    for (episode, frame), state, image in zip(rows, table[STATE].to_pylist(), table[IMAGE].to_pylist(), strict=True):
+        states.append(None if frame % 7 == 3 else state[:4] if frame % 5 == 1 else state)
+        path_only = {"bytes": None, "path": f"images/{IMAGE}/episode_{episode:06d}/frame_{frame:06d}.png"}
+        images.append(path_only if frame % 4 == 2 else image)
+    table = table.set_column(table.schema.get_field_index(STATE), STATE, pa.array(states, pa.list_(pa.float32())))
+    table = table.set_column(table.schema.get_field_index(IMAGE), IMAGE, pa.array(images, table[IMAGE].type))
+    pq.write_table(table.replace_schema_metadata(None), data_file)  # its Hugging Face schema names the old types
+    return path
+
+
+def write_generic_lists_dataset(path: Path) -> Path:
+    """Plain parquet with no metadata: `state` list<float32> (at most 2 values in episode 0, 4 in episode 1, a null
+    row) and `effort` large_list<float64> (1 to 3 values)."""
+    path.mkdir(parents=True)
+    lengths = [(0, 1), (0, 2), (0, 0), (0, 2), (1, 3), (1, 4), (1, None), (1, 1), (1, 4), (1, 2)]
+    rng = np.random.default_rng(11)
+    table = pa.table(
+        {
+            "episode_index": pa.array([episode for episode, _ in lengths], pa.int64()),
+            "timestamp": pa.array(np.arange(len(lengths)) / 10, pa.float32()),
+            "state": pa.array(
+                [None if n is None else rng.normal(size=n).tolist() for _, n in lengths], pa.list_(pa.float32())
+            ),
+            "effort": pa.array(
+                [rng.normal(size=i % 3 + 1).tolist() for i in range(len(lengths))], pa.large_list(pa.float64())
+            ),
+        }
+    )
+    pq.write_table(table, path / "part-0.parquet", row_group_size=4)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lists_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("lists-root")
+    write_lerobot_lists_dataset(root / "lerobot-lists")
+    write_generic_lists_dataset(root / "generic-lists")
+    return root
+
+
+@pytest.fixture(scope="module")
+def lists_server(lists_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with ServerProcess([lists_root], tmp_path_factory.mktemp("lists-cache")) as running:
+        yield running
+
+
 @pytest.fixture()
 def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1300, "height": 1000})
@@ -139,6 +197,11 @@ def server_frame(server: ServerProcess, dataset: str, episode: int, row: int, ca
     response = httpx.get(f"{server.url}/datasets/{dataset}/rows", params=params, timeout=60)
     assert response.status_code == 200, response.text
     return read_stream(response.content)[camera].combine_chunks().to_numpy_ndarray()[0]
+
+
+def per_dimension(rows: list[list[float] | None], dims: int) -> list[list[float | None]]:
+    """Variable-length rows as the charts hold them: one list per dimension, None where a row has no such value."""
+    return [[None if row is None or d >= len(row) else row[d] for row in rows] for d in range(dims)]
 
 
 def distinct_colours(png: bytes) -> int:
@@ -247,6 +310,39 @@ def test_generic_dataset_charts_its_numeric_columns_with_nulls_as_gaps(
     assert viewer_state(page, "v.view.charts.y.values") == [stored["y"].to_pylist()]
 
 
+def test_variable_length_list_columns_chart_one_trace_per_dimension_of_the_metadata_shape(
+    page: Any, lists_server: ServerProcess, lists_root: Path
+) -> None:
+    open_viewer(page, lists_server, "#dataset=lerobot-lists&episode=1")
+    assert viewer_state(page, "v.message") is None
+    assert viewer_state(page, "v.view.features") == [STATE, "action"]
+    chart = viewer_state(page, f"v.view.charts[{STATE!r}]")
+    assert chart["labels"] == list(JOINT_NAMES)  # shape [6] in meta/info.json, though rows hold 4 or 6 values
+    rows = oracle(lists_root / "lerobot-lists", [1])[STATE].to_pylist()
+    assert any(row is None for row in rows) and any(row is not None and len(row) == 4 for row in rows)
+    assert chart["values"] == per_dimension(rows, 6)
+    legend = page.locator(f".chart[data-feature='{STATE}'] .u-legend .u-label").all_inner_texts()
+    assert legend == ["time (s)", *JOINT_NAMES]
+
+
+def test_variable_length_list_columns_without_a_shape_chart_the_episodes_longest_list(
+    page: Any, lists_server: ServerProcess, lists_root: Path
+) -> None:
+    open_viewer(page, lists_server, "#dataset=generic-lists&episode=0")
+    assert viewer_state(page, "v.message") is None
+    assert viewer_state(page, "v.view.features") == ["state", "effort"]
+    expected = oracle(lists_root / "generic-lists", [0])
+    state = viewer_state(page, "v.view.charts.state")
+    assert state == {"labels": ["state[0]", "state[1]"], "values": per_dimension(expected["state"].to_pylist(), 2)}
+    effort = viewer_state(page, "v.view.charts.effort")  # large_list
+    assert effort["labels"] == ["effort[0]", "effort[1]", "effort[2]"]
+    assert effort["values"] == per_dimension(expected["effort"].to_pylist(), 3)
+    open_viewer(page, lists_server, "#dataset=generic-lists&episode=1")
+    rows = oracle(lists_root / "generic-lists", [1])["state"].to_pylist()
+    assert viewer_state(page, "v.view.charts.state.labels") == [f"state[{d}]" for d in range(4)]
+    assert viewer_state(page, "v.view.charts.state.values") == per_dimension(rows, 4)
+
+
 @pytest.mark.parametrize("dataset", ["cams-v3", "cams-v21"])
 def test_cursor_moves_the_frames_and_the_chart_marker_together(
     page: Any, viewer_server: ServerProcess, video_root: Path, dataset: str
@@ -295,6 +391,34 @@ def test_parquet_image_column_is_drawn_as_stored(page: Any, viewer_server: Serve
         expected = np.asarray(image.convert("RGB"))
     shown = canvas_pixels(page, "observation.image")
     assert (shown[..., :3] == expected).all()
+
+
+def test_image_row_holding_only_a_path_shows_a_placeholder_not_the_previous_image(
+    page: Any, lists_server: ServerProcess, lists_root: Path
+) -> None:
+    from PIL import Image
+
+    open_viewer(page, lists_server, "#dataset=lerobot-lists&episode=1")
+    images = oracle(lists_root / "lerobot-lists", [1])[IMAGE].to_pylist()
+    caption = page.locator(f"figure.camera[data-camera='{IMAGE}'] figcaption")
+    figure = page.locator(f"figure.camera[data-camera='{IMAGE}']")
+    for row in (1, 2, 3):
+        page.fill("#scrub", str(row))
+        page.wait_for_function(f"window.episerveViewer.view.shownFrame === {row}")
+        shown = canvas_pixels(page, IMAGE)
+        if images[row]["bytes"] is None:  # frame_index 2
+            assert row == 2 and shown.shape == (16, 16, 4)
+            assert (shown[..., :3] == PLACEHOLDER_RGB).all()
+            assert caption.inner_text() == (
+                f"{IMAGE} · frame 2 · no image in this row, only its path ({images[row]['path']}), "
+                "which the server does not serve"
+            )
+            assert figure.get_attribute("class") == "camera missing"
+        else:
+            with Image.open(io.BytesIO(images[row]["bytes"])) as image:
+                assert (shown[..., :3] == np.asarray(image.convert("RGB"))).all()
+            assert caption.inner_text() == f"{IMAGE} · frame {row}"
+            assert figure.get_attribute("class") == "camera"
 
 
 def test_previous_and_next_episode_links_open_the_neighbouring_episodes(
@@ -365,29 +489,103 @@ def test_unknown_dataset_or_episode_in_the_url_shows_a_clear_message(
     assert page.locator("main:visible").count() == 0
 
 
-def test_viewer_works_under_a_path_prefix(page: Any, viewer_server: ServerProcess) -> None:
-    # As behind a proxy serving the server at /episerve/: the browser sees only prefixed URLs, which the route
-    # forwards to the server without the prefix; a URL that escaped the prefix would never reach the server.
-    prefix = "/episerve"
+@pytest.mark.parametrize(
+    ("fragment", "dataset_id", "problem"),
+    [
+        ("#dataset=..%2Fetc&episode=1", "../etc", "it has an empty, '.' or '..' path part"),
+        ("#dataset=..%2Fetc", "../etc", "it has an empty, '.' or '..' path part"),
+        ("#dataset=.&episode=0", ".", "it has an empty, '.' or '..' path part"),
+        ("#dataset=cams-v3%2F..&episode=0", "cams-v3/..", "it has an empty, '.' or '..' path part"),
+        ("#dataset=%2Fetc%2Fpasswd", "/etc/passwd", "it has an empty, '.' or '..' path part"),
+        ("#dataset=org%2F%2Fcams-v3&episode=0", "org//cams-v3", "it has an empty, '.' or '..' path part"),
+        ("#dataset=&episode=0", "", "it is empty"),
+        ("#dataset=a%2Fb%2Fc&episode=0", "a/b/c", "it has more than one '/' (expected 'name' or 'org/name')"),
+        ("#dataset=..%5Cetc&episode=0", "..\\etc", "each part must start with a letter, digit or '_'"),
+    ],
+)
+def test_dataset_id_the_server_would_refuse_is_named_and_never_requested(
+    page: Any, viewer_server: ServerProcess, fragment: str, dataset_id: str, problem: str
+) -> None:
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(urlsplit(request.url).path))
+    open_viewer(page, viewer_server, fragment)
+    alert = page.locator("#message")
+    assert alert.is_visible()
+    assert alert.inner_text().startswith(f"'{dataset_id}' is not a valid dataset id: {problem}")
+    assert page.locator("main:visible").count() == 0
+    # Only the page and its own files: no API request at all, let alone one outside `datasets/`.
+    assert requested and all(path.startswith("/ui/") for path in requested), requested
+
+
+def serve_under_prefix(page: Any, server: ServerProcess) -> list[str]:
+    """Act as a proxy serving the server at PREFIX that strips it (no root_path reaches the server): the browser sees
+    only prefixed URLs, forwarded without the prefix; a URL that escaped the prefix answers 404. Returns the paths
+    requested, in order."""
     requested: list[str] = []
 
     def forward(route: Any) -> None:
-        path = route.request.url.removeprefix(viewer_server.url)
+        path = route.request.url.removeprefix(server.url)
         requested.append(path)
-        if path.startswith(prefix + "/"):
-            route.continue_(url=viewer_server.url + path.removeprefix(prefix))
+        if path.startswith(PREFIX + "/"):
+            route.continue_(url=server.url + path.removeprefix(PREFIX))
         else:
             route.fulfill(status=404, body="outside the prefix")
 
-    page.route(f"{viewer_server.url}/**", forward)
-    page.goto(f"{viewer_server.url}{prefix}/ui/#dataset=cams-v3&episode=2")
+    page.route(f"{server.url}/**", forward)
+    return requested
+
+
+def fetch_statuses(page: Any, urls: list[str]) -> dict[str, int]:
+    """Each URL, resolved against the page's address, fetched by the page (so through its routes): path -> status."""
+    return page.evaluate(
+        """async (urls) => Object.fromEntries(await Promise.all(urls.map(async (url) => {
+            const resolved = new URL(url, document.baseURI);
+            return [resolved.pathname, (await fetch(resolved)).status];
+        })))""",
+        urls,
+    )
+
+
+def test_viewer_works_under_a_path_prefix(page: Any, viewer_server: ServerProcess) -> None:
+    requested = serve_under_prefix(page, viewer_server)
+    page.goto(f"{viewer_server.url}{PREFIX}/ui/#dataset=cams-v3&episode=2")
     page.wait_for_function("window.episerveViewer && window.episerveViewer.ready", timeout=60_000)
     page.fill("#scrub", "5")
     page.wait_for_function("window.episerveViewer.view.shownFrame === 5")
     assert viewer_state(page, "v.message") is None
-    assert [path for path in requested if not path.startswith(prefix + "/")] == []
-    assert {f"{prefix}/ui/vendor/arrow.min.js", f"{prefix}/datasets/cams-v3"} <= set(requested)
+    assert [path for path in requested if not path.startswith(PREFIX + "/")] == []
+    assert {f"{PREFIX}/ui/vendor/arrow.min.js", f"{PREFIX}/datasets/cams-v3"} <= set(requested)
     assert (canvas_pixels(page, TOP_CAMERA)[..., :3] == server_frame(viewer_server, "cams-v3", 2, 5, TOP_CAMERA)).all()
+
+
+@pytest.mark.parametrize(
+    ("docs_page", "rendered", "assets"),
+    [
+        ("docs", ".swagger-ui .info .title", {"swagger-ui-bundle.js", "swagger-ui.css", "favicon.png"}),
+        ("redoc", ".api-info h1", {"redoc.standalone.js", "favicon.png"}),
+    ],
+)
+def test_api_docs_work_under_a_path_prefix(
+    page: Any, viewer_server: ServerProcess, docs_page: str, rendered: str, assets: set[str]
+) -> None:
+    requested = serve_under_prefix(page, viewer_server)
+    served = page.goto(f"{viewer_server.url}{PREFIX}/{docs_page}").text()
+    page.wait_for_selector(f"{rendered}:has-text('episerve')", timeout=30_000)  # the schema loaded and rendered
+    assert [path for path in requested if not path.startswith(PREFIX + "/")] == []
+    assert f"{PREFIX}/openapi.json" in requested
+    # Every URL the page as served refers to: attributes, and Swagger UI's `url:` in its inline script.
+    referenced = re.findall(r"""(?:src|href|url|spec-url)\s*[:=]\s*["']([^"']+)["']""", served)
+    expected = {f"{PREFIX}/docs-assets/{name}" for name in assets} | {f"{PREFIX}/openapi.json"}
+    assert fetch_statuses(page, referenced) == dict.fromkeys(expected, 200)
+
+
+def test_front_page_links_work_under_a_path_prefix(page: Any, viewer_server: ServerProcess) -> None:
+    serve_under_prefix(page, viewer_server)
+    page.goto(f"{viewer_server.url}{PREFIX}/")
+    links = page.eval_on_selector_all("a", "anchors => anchors.map((a) => a.getAttribute('href'))")
+    names = ["ui/", "docs", "redoc", "openapi.json", "datasets", "metrics", "healthz", "readyz"]
+    assert links == names
+    assert fetch_statuses(page, links) == {f"{PREFIX}/{name}": 200 for name in names}
 
 
 def test_charts_follow_the_window_width(page: Any, viewer_server: ServerProcess) -> None:

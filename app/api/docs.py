@@ -1,5 +1,7 @@
 """The front door: `GET /` lists where things are; `/docs` (Swagger UI) and `/redoc` run from assets this server
-serves itself (the `fastapi-offline` package's copies), so the API docs work with no internet access."""
+serves itself (the `fastapi-offline` package's copies), so the API docs work with no internet access. The HTML pages
+refer to everything by relative URLs, so they also work under a path prefix that a proxy strips without telling the
+server (no `root_path`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from fastapi.staticfiles import StaticFiles
 from app.api.problems import OrjsonResponse
 
 ASSETS_PATH = "/docs-assets"
+# The pages are served at the root (`/`, `/docs`, `/redoc`): from there, these resolve below the same prefix.
+RELATIVE_ASSETS = ASSETS_PATH.removeprefix("/")
 ASSETS_DIRECTORY = files("fastapi_offline") / "static"
 
 router = APIRouter(tags=["about"])
@@ -53,44 +57,43 @@ def _wants_html(request: Request) -> bool:
     responses={200: {"content": {"text/html": {}}, "description": "JSON links, or an HTML page for browsers"}},
 )
 def home(request: Request) -> Any:
-    prefix = _prefix(request)
     title = request.app.title
-    links = {name: {"href": prefix + path, "title": text} for name, (path, text) in _LINKS.items()}
     if _wants_html(request):
+        relative = {name: (path.removeprefix("/"), text) for name, (path, text) in _LINKS.items()}
         items = "".join(
-            f'<li><a href="{link["href"]}">{link["href"]}</a>: {link["title"]}</li>'
-            for name, link in links.items()
-            if name != "viewer"  # linked above the list, relatively
+            f'<li><a href="{href}">{href}</a>: {text}</li>'
+            for name, (href, text) in relative.items()
+            if name != "viewer"  # linked above the list
         )
         page = (
             f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
             f"<h1>{title} {request.app.version}</h1><p>{request.app.description}</p>"
-            # Relative, so that it resolves under whatever prefix a proxy serves the server at.
             f"<p><a href='ui/'>Open the episode viewer</a></p><ul>{items}</ul></body></html>"
         )
         return HTMLResponse(page)
+    # JSON clients resolve no relative links: absolute paths, under `root_path` when the proxy sets one.
+    prefix = _prefix(request)
+    links = {name: {"href": prefix + path, "title": text} for name, (path, text) in _LINKS.items()}
     return OrjsonResponse({"name": title, "version": request.app.version, "links": links})
 
 
 @router.get("/docs", include_in_schema=False)
 def swagger_ui(request: Request) -> HTMLResponse:
-    prefix = _prefix(request)
     return get_swagger_ui_html(
-        openapi_url=prefix + request.app.openapi_url,
+        openapi_url=request.app.openapi_url.removeprefix("/"),
         title=f"{request.app.title} - Swagger UI",
-        swagger_js_url=f"{prefix}{ASSETS_PATH}/swagger-ui-bundle.js",
-        swagger_css_url=f"{prefix}{ASSETS_PATH}/swagger-ui.css",
-        swagger_favicon_url=f"{prefix}{ASSETS_PATH}/favicon.png",
+        swagger_js_url=f"{RELATIVE_ASSETS}/swagger-ui-bundle.js",
+        swagger_css_url=f"{RELATIVE_ASSETS}/swagger-ui.css",
+        swagger_favicon_url=f"{RELATIVE_ASSETS}/favicon.png",
     )
 
 
 @router.get("/redoc", include_in_schema=False)
 def redoc(request: Request) -> HTMLResponse:
-    prefix = _prefix(request)
     return get_redoc_html(
-        openapi_url=prefix + request.app.openapi_url,
+        openapi_url=request.app.openapi_url.removeprefix("/"),
         title=f"{request.app.title} - ReDoc",
-        redoc_js_url=f"{prefix}{ASSETS_PATH}/redoc.standalone.js",
-        redoc_favicon_url=f"{prefix}{ASSETS_PATH}/favicon.png",
+        redoc_js_url=f"{RELATIVE_ASSETS}/redoc.standalone.js",
+        redoc_favicon_url=f"{RELATIVE_ASSETS}/favicon.png",
         with_google_fonts=False,
     )

@@ -15,6 +15,10 @@
   const NUMERIC_ARROW = "(?:halffloat|float|double|u?int\\d+)";
   const SCALAR_TYPE = new RegExp(`^${NUMERIC_ARROW}$`);
   const VECTOR_TYPE = new RegExp(`^fixed_size_list<[^:]*: ${NUMERIC_ARROW}(?: not null)?>\\[(\\d+)\\]$`);
+  const LIST_TYPE = new RegExp(`^(?:large_)?list<[^:]*: ${NUMERIC_ARROW}(?: not null)?>$`);
+  // The server's rule for dataset ids (app/store/catalog.py, validate_dataset_id): `name` or `org/name`.
+  const ID_PART = /^[A-Za-z0-9_][A-Za-z0-9._-]*$/;
+  const PLACEHOLDER_FILL = "#8a93a3"; // a camera's canvas for a row without an image to draw
   const MAX_EPISODE_ROWS = 2000; // episode table rows rendered at once; the filter narrows the rest
   const FRAME_CACHE = 64; // cursor positions whose frames are kept for stepping back and forth
 
@@ -40,6 +44,9 @@
       this.status = status;
     }
   }
+
+  /** A dataset id (from the address) that the server would refuse: never put into a request path. */
+  class InvalidDatasetId extends Error {}
 
   let pendingToken = null;
 
@@ -94,7 +101,30 @@
     return pendingToken;
   }
 
-  const datasetPath = (id) => "datasets/" + id.split("/").map(encodeURIComponent).join("/");
+  /** Why the server would refuse `id` as a dataset id, or null. Checked before the id goes into any path: a
+   * `..` part would otherwise make the request resolve outside `datasets/`. */
+  function datasetIdProblem(id) {
+    if (!id) return "it is empty";
+    const parts = id.split("/");
+    if (parts.some((part) => part === "" || part === "." || part === "..")) {
+      return "it has an empty, '.' or '..' path part";
+    }
+    if (parts.length > 2) return "it has more than one '/' (expected 'name' or 'org/name')";
+    if (!parts.every((part) => ID_PART.test(part))) {
+      return "each part must start with a letter, digit or '_' and hold only letters, digits, '.', '_' and '-'";
+    }
+    return null;
+  }
+
+  function checkDatasetId(id) {
+    const problem = datasetIdProblem(id);
+    if (problem) throw new InvalidDatasetId(`'${id}' is not a valid dataset id: ${problem}.`);
+  }
+
+  function datasetPath(id) {
+    checkDatasetId(id);
+    return "datasets/" + id.split("/").map(encodeURIComponent).join("/");
+  }
 
   // One request per dataset, shared by everyone who asks; a failed one is forgotten so that a retry asks again.
   async function remembered(cache, id, request) {
@@ -131,21 +161,28 @@
     return dims === 1 ? [name] : Array.from({ length: dims }, (_, i) => `${name}[${i}]`);
   }
 
-  /** The numeric (vector or scalar) columns to chart: [{name, dims, labels}]. */
+  /** The numeric (scalar, fixed-size or variable-length list) columns to chart: [{name, dims, names}]. `dims` is
+   * null for a list whose metadata gives no shape: the episode's longest list decides it (see chartDimensions). */
   function chartFeatures(info) {
-    const columns = new Map(info.columns.filter((c) => !c.video).map((c) => [c.name, c.type]));
     const skip = new Set([...STANDARD_COLUMNS, info.episode_column]);
     const found = [];
-    for (const [name, type] of columns) {
-      if (skip.has(name)) continue;
-      const vector = VECTOR_TYPE.exec(type);
-      const dims = vector ? Number(vector[1]) : SCALAR_TYPE.test(type) ? 1 : 0;
-      if (!dims) continue;
-      const feature = info.features && info.features[name];
-      if (feature && feature.dtype && !NUMERIC_DTYPES.has(feature.dtype)) continue;
-      found.push({ name, dims, labels: dimensionLabels(name, dims, feature && feature.names) });
+    for (const { name, type, video } of info.columns) {
+      if (video || skip.has(name)) continue;
+      const feature = (info.features && info.features[name]) || {};
+      if (feature.dtype && !NUMERIC_DTYPES.has(feature.dtype)) continue;
+      const dims = typeDimensions(type, feature.shape);
+      if (dims !== 0) found.push({ name, dims, names: feature.names });
     }
     return found;
+  }
+
+  /** Values per row of a numeric Arrow type: its size, null for a list of no known shape, 0 if not numeric. */
+  function typeDimensions(type, shape) {
+    const vector = VECTOR_TYPE.exec(type);
+    if (vector) return Number(vector[1]);
+    if (SCALAR_TYPE.test(type)) return 1;
+    if (!LIST_TYPE.test(type)) return 0;
+    return Array.isArray(shape) && shape.length ? shape.reduce((a, b) => a * b, 1) : null;
   }
 
   /** Camera videos (raw RGB from the server's frame reads) and parquet image columns (encoded images). */
@@ -162,26 +199,50 @@
 
   // ---- Arrow -> arrays ---------------------------------------------------------------------------------------
 
-  /** A column's values as one plain array per dimension (null where a row is null). Reads the typed arrays
-   * directly: 280,000 values of an episode take a few milliseconds this way, far less than `get(i)` per row. */
+  // apache-arrow slices a chunk's value and offset buffers to the chunk, so row j's values start at 0-based
+  // positions in them; a chunk's `offset` only applies to its validity bitmap (which getValid reads).
+
+  /** Where row `j` of a chunk keeps its values in the leaf (the chunk itself, or a list's child): [begin, end). */
+  function valueSpan(data, j) {
+    if (data.valueOffsets) return [Number(data.valueOffsets[j]), Number(data.valueOffsets[j + 1])];
+    const size = data.children.length ? data.type.listSize : 1;
+    return [j * size, (j + 1) * size];
+  }
+
+  /** A column's values as one plain array per dimension: null where a row is null or has no such dimension (a
+   * shorter list). Reads the typed arrays directly: 280,000 values of an episode take a few milliseconds this way,
+   * far less than `get(i)` per row. */
   function columnArrays(table, name, dims) {
-    const vector = table.getChild(name);
     const rows = table.numRows;
-    const out = Array.from({ length: dims }, () => new Array(rows));
+    const out = Array.from({ length: dims }, () => new Array(rows).fill(null));
     let row = 0;
-    for (const data of vector.data) {
-      const leaf = dims > 1 || data.children.length ? data.children[0] : data;
+    for (const data of table.getChild(name).data) {
+      const leaf = data.children.length ? data.children[0] : data;
       const values = leaf.values;
       const wide = typeof values[0] === "bigint";
       for (let j = 0; j < data.length; j++, row++) {
-        const valid = data.nullCount === 0 || data.getValid(j);
-        const base = dims > 1 || data.children.length ? (data.offset + j) * dims + leaf.offset : data.offset + j;
-        for (let d = 0; d < dims; d++) {
-          out[d][row] = valid ? (wide ? Number(values[base + d]) : values[base + d]) : null;
+        if (data.nullCount !== 0 && !data.getValid(j)) continue;
+        const [begin, end] = valueSpan(data, j);
+        for (let d = 0, k = begin; d < dims && k < end; d++, k++) {
+          if (leaf.nullCount !== 0 && !leaf.getValid(k)) continue;
+          out[d][row] = wide ? Number(values[k]) : values[k];
         }
       }
     }
     return out;
+  }
+
+  /** A feature's dimensions: its known size, or the longest list the episode holds. */
+  function chartDimensions(table, feature) {
+    if (feature.dims !== null) return feature.dims;
+    let longest = 0;
+    for (const data of table.getChild(feature.name).data) {
+      for (let j = 0; j < data.length; j++) {
+        const [begin, end] = valueSpan(data, j);
+        longest = Math.max(longest, end - begin);
+      }
+    }
+    return longest;
   }
 
   // ---- views -------------------------------------------------------------------------------------------------
@@ -421,8 +482,10 @@
       : Array.from({ length: view.length }, (_, i) => i / view.fps);
     const width = Math.max(400, container.clientWidth - 4); // the resize handler keeps it so
     for (const feature of features) {
-      const values = columnArrays(table, feature.name, feature.dims);
-      view.charts[feature.name] = { labels: feature.labels, values };
+      const dims = chartDimensions(table, feature);
+      const labels = dimensionLabels(feature.name, dims, feature.names);
+      const values = columnArrays(table, feature.name, dims);
+      view.charts[feature.name] = { labels, values };
       const box = document.createElement("div");
       box.className = "chart";
       box.dataset.feature = feature.name;
@@ -437,7 +500,7 @@
           scales: { x: { time: false } },
           series: [
             { label: "time (s)", value: (_, v) => (v === null ? "–" : v.toFixed(3)) },
-            ...feature.labels.map((label, i) => ({
+            ...labels.map((label, i) => ({
               label,
               stroke: `hsl(${(i * 137.508) % 360}, 65%, 42%)`,
               width: 1,
@@ -575,6 +638,7 @@
       caption.textContent = camera.name;
       figure.append(canvas, caption);
       container.append(figure);
+      camera.figure = figure;
       camera.canvas = canvas;
       camera.caption = caption;
     }
@@ -611,9 +675,11 @@
   async function drawFrames(view, table, row) {
     for (const camera of view.cameras) {
       const value = table.getChild(camera.name).get(0);
+      let missing = null;
       if (camera.kind === "video") drawRgb(camera, value);
-      else await drawEncoded(camera, value);
-      camera.caption.textContent = `${camera.name} · frame ${row}`;
+      else missing = await drawEncoded(camera, value);
+      camera.caption.textContent = `${camera.name} · frame ${row}` + (missing ? ` · ${missing}` : "");
+      camera.figure.classList.toggle("missing", Boolean(missing));
     }
   }
 
@@ -632,15 +698,29 @@
     camera.canvas.getContext("2d").putImageData(image, 0, 0);
   }
 
-  /** A parquet image cell (LeRobot: a struct of encoded `bytes` and a `path`). */
+  /** A parquet image cell (LeRobot: a struct of encoded `bytes` and a `path`). Returns why nothing could be
+   * drawn (the canvas then shows a placeholder, not the previous row's image), or null once drawn. */
   async function drawEncoded(camera, value) {
     const bytes = value && (value.bytes !== undefined ? value.bytes : value);
-    if (!bytes) return;
+    if (!bytes) {
+      drawPlaceholder(camera);
+      const path = value && value.path;
+      if (!path) return "no image in this row";
+      return `no image in this row, only its path (${path}), which the server does not serve`;
+    }
     const bitmap = await createImageBitmap(new Blob([bytes]), { colorSpaceConversion: "none" });
     camera.canvas.width = bitmap.width;
     camera.canvas.height = bitmap.height;
     camera.canvas.getContext("2d").drawImage(bitmap, 0, 0);
     bitmap.close();
+    return null;
+  }
+
+  function drawPlaceholder(camera) {
+    if (camera.shape) [camera.canvas.height, camera.canvas.width] = camera.shape;
+    const context = camera.canvas.getContext("2d");
+    context.fillStyle = PLACEHOLDER_FILL;
+    context.fillRect(0, 0, camera.canvas.width, camera.canvas.height);
   }
 
   // ---- routing -----------------------------------------------------------------------------------------------
@@ -653,6 +733,7 @@
     viewer.ready = false;
     clearMessage();
     try {
+      if (dataset !== null) checkDatasetId(dataset);
       if (!dataset) {
         closeEpisode();
         await showCatalog();
@@ -665,7 +746,8 @@
     } catch (error) {
       closeEpisode();
       show(null);
-      showMessage(error instanceof ApiError ? error.message : `Something went wrong: ${error.message}`);
+      const expected = error instanceof ApiError || error instanceof InvalidDatasetId;
+      showMessage(expected ? error.message : `Something went wrong: ${error.message}`);
     }
     viewer.ready = true;
   }
