@@ -122,7 +122,7 @@ def write_lerobot_lists_dataset(path: Path) -> Path:
 
 def write_generic_lists_dataset(path: Path) -> Path:
     """Plain parquet with no metadata: `state` list<float32> (at most 2 values in episode 0, 4 in episode 1, a null
-    row) and `effort` large_list<float64> (1 to 3 values)."""
+    row), `effort` large_list<float64> (1 to 3 values) and `half` float16."""
     path.mkdir(parents=True)
     lengths = [(0, 1), (0, 2), (0, 0), (0, 2), (1, 3), (1, 4), (1, None), (1, 1), (1, 4), (1, 2)]
     rng = np.random.default_rng(11)
@@ -136,6 +136,7 @@ def write_generic_lists_dataset(path: Path) -> Path:
             "effort": pa.array(
                 [rng.normal(size=i % 3 + 1).tolist() for i in range(len(lengths))], pa.large_list(pa.float64())
             ),
+            "half": pa.array(np.arange(len(lengths), dtype=np.float16) * np.float16(-1.25), pa.float16()),
         }
     )
     pq.write_table(table, path / "part-0.parquet", row_group_size=4)
@@ -330,8 +331,10 @@ def test_variable_length_list_columns_without_a_shape_chart_the_episodes_longest
 ) -> None:
     open_viewer(page, lists_server, "#dataset=generic-lists&episode=0")
     assert viewer_state(page, "v.message") is None
-    assert viewer_state(page, "v.view.features") == ["state", "effort"]
+    assert viewer_state(page, "v.view.features") == ["state", "effort", "half"]
     expected = oracle(lists_root / "generic-lists", [0])
+    half = viewer_state(page, "v.view.charts.half")  # float16: values, not their bit patterns
+    assert half == {"labels": ["half"], "values": [[float(v) for v in expected["half"].to_numpy()]]}
     state = viewer_state(page, "v.view.charts.state")
     assert state == {"labels": ["state[0]", "state[1]"], "values": per_dimension(expected["state"].to_pylist(), 2)}
     effort = viewer_state(page, "v.view.charts.effort")  # large_list

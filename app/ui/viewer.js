@@ -192,7 +192,9 @@
       .map((c) => ({ name: c.name, kind: "video", shape: c.video.shape }));
     for (const [name, feature] of Object.entries(info.features || {})) {
       const column = info.columns.find((c) => c.name === name);
-      if (feature.dtype === "image" && column && !column.video) cameras.push({ name, kind: "image", shape: feature.shape });
+      if (feature.dtype === "image" && column && !column.video) {
+        cameras.push({ name, kind: "image", shape: feature.shape });
+      }
     }
     return cameras;
   }
@@ -219,17 +221,24 @@
     for (const data of table.getChild(name).data) {
       const leaf = data.children.length ? data.children[0] : data;
       const values = leaf.values;
-      const wide = typeof values[0] === "bigint";
+      const number = valueReader(leaf.type, values);
       for (let j = 0; j < data.length; j++, row++) {
         if (data.nullCount !== 0 && !data.getValid(j)) continue;
         const [begin, end] = valueSpan(data, j);
         for (let d = 0, k = begin; d < dims && k < end; d++, k++) {
           if (leaf.nullCount !== 0 && !leaf.getValid(k)) continue;
-          out[d][row] = wide ? Number(values[k]) : values[k];
+          out[d][row] = number(values[k]);
         }
       }
     }
     return out;
+  }
+
+  /** How a raw item of a numeric leaf's typed array becomes a number: 64-bit integers arrive as bigints, and
+   * float16 as its bit pattern (a Uint16Array). */
+  function valueReader(type, values) {
+    if (type.typeId === Arrow.Type.Float && type.precision === Arrow.Precision.HALF) return Arrow.util.uint16ToFloat64;
+    return typeof values[0] === "bigint" ? Number : (value) => value;
   }
 
   /** A feature's dimensions: its known size, or the longest list the episode holds. */
