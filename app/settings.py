@@ -121,6 +121,14 @@ class Settings(BaseSettings):
         le=256,
         description="Open video decoders kept per process for reads that continue where the last one stopped.",
     )
+    video_decode_threads: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description="FFmpeg decoding threads for reads of consecutive frames (0: FFmpeg picks). One decodes the "
+        "most frames per CPU second when requests decode side by side, as under DataLoader workers; more decodes a "
+        "lone sequential reader faster on an idle machine. Scattered reads always decode single-threaded.",
+    )
     remote_list_ttl: float = Field(
         30.0,
         ge=0,

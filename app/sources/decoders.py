@@ -28,12 +28,13 @@ HAIR_S = 1e-4  # far below any frame interval, far above float32 rounding of a t
 class OpenDecoder:
     """One open video file and where its decoding stands: the last frame decoded, and the frames after it.
 
-    A decoder for scattered reads is single-threaded: a seek drains and refills FFmpeg's frame-thread pipeline,
-    which made a seek and decode of a random frame cost ~45 % more with frame threads (the server decodes requests
-    side by side instead). A decoder for runs of consecutive frames (`threaded`) lets FFmpeg pick its threads.
+    `threads` is FFmpeg's decoding thread count (0: FFmpeg picks). A decoder for scattered reads is
+    single-threaded: a seek drains and refills FFmpeg's frame-thread pipeline, which made a seek and decode of a
+    random frame cost ~45 % more with frame threads (the server decodes requests side by side instead). Runs of
+    consecutive frames get the pool's `run_threads`.
     """
 
-    def __init__(self, path: DatasetPath, identity: tuple[int, ...], threaded: bool = False) -> None:
+    def __init__(self, path: DatasetPath, identity: tuple[int, ...], threads: int = 1) -> None:
         import av  # the server's only video dependency, loaded when a camera is first read
 
         self.path = path
@@ -45,11 +46,10 @@ class OpenDecoder:
             close_video(self._opened)
             raise
         self.stream: Any = self.container.streams.video[0]
-        if threaded:
+        if threads != 1:
             self.stream.thread_type = "AUTO"
-        else:
-            self.stream.codec_context.thread_count = 1
-        self.threaded = threaded
+        self.stream.codec_context.thread_count = threads
+        self.threads = threads
         self.time_base = self.stream.time_base
         self._seconds_per_tick = float(self.time_base)
         # In MP4/MOV a packet's duration is the gap to the next packet's decoding time (the `stts` table), which
@@ -177,10 +177,13 @@ class OpenDecoder:
 
 
 class DecoderPool:
-    """Idle decoders, least recently used first (several of one file when reads of it overlap)."""
+    """Idle decoders, least recently used first (several of one file when reads of it overlap). Reads of runs of
+    consecutive frames get decoders of `run_threads` threads (0: FFmpeg picks), scattered reads single-threaded
+    ones."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, run_threads: int = 1) -> None:
         self.capacity = capacity
+        self.run_threads = run_threads
         self.opened = 0  # decoders this process opened (for tests and status)
         self._idle: OrderedDict[int, OpenDecoder] = OrderedDict()  # by id()
         self._lock = threading.Lock()
@@ -193,12 +196,13 @@ class DecoderPool:
     ) -> Iterator[OpenDecoder]:
         """A decoder of `path` for this thread alone, for a read starting at time `first` (`run`: of consecutive
         frames): an idle one of the same file version (one that decodes on to `first` without a seek if there is
-        one, else one threaded for runs or not as the read is), or a new one. A decoder that raised is closed
-        rather than returned (its position is unknown)."""
+        one, else one with the threads the read's kind gets), or a new one. A decoder that raised is closed rather
+        than returned (its position is unknown)."""
         identity = _identity(path)
-        decoder = self._take(path, identity, first, frame_s, run)
+        threads = self.run_threads if run else 1
+        decoder = self._take(path, identity, first, frame_s, threads)
         if decoder is None:
-            decoder = OpenDecoder(path, identity, threaded=run)
+            decoder = OpenDecoder(path, identity, threads)
             with self._lock:
                 self.opened += 1
         try:
@@ -216,7 +220,7 @@ class DecoderPool:
             decoder.close()
 
     def _take(
-        self, path: DatasetPath, identity: tuple[int, ...], first: float, frame_s: float, run: bool
+        self, path: DatasetPath, identity: tuple[int, ...], first: float, frame_s: float, threads: int
     ) -> OpenDecoder | None:
         stale: list[OpenDecoder] = []
         with self._lock:
@@ -224,7 +228,7 @@ class DecoderPool:
             stale = [d for d in same_file if d.identity != identity]  # the file was rewritten
             current = [d for d in same_file if d.identity == identity]
             continuing = (d for d in current if d.continues_to(first, frame_s))
-            alike = (d for d in current if d.threaded == run)
+            alike = (d for d in current if d.threads == threads)
             chosen = next(continuing, None) or next(alike, None)
             for decoder in [*stale, *([chosen] if chosen else [])]:
                 del self._idle[id(decoder)]

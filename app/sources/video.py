@@ -86,7 +86,7 @@ def decode_nearest_into(
     return picked_at
 
 
-RUN_FRAMES = 16  # a read of at least this many mostly consecutive frames gets a frame-threaded decoder
+RUN_FRAMES = 16  # a read of at least this many mostly consecutive frames is a run (see `DecoderPool`)
 
 
 def _is_run(times: np.ndarray, frame_s: float) -> bool:

@@ -79,7 +79,7 @@ class Catalog:
         self.roots = roots
         self.lru = SegmentLRU(settings.max_open_segments)
         self.frame_budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, self.lru)
-        self.decoders = DecoderPool(settings.video_decoders)
+        self.decoders = DecoderPool(settings.video_decoders, settings.video_decode_threads)
         self._lock = threading.Lock()
         self._paths: dict[str, DatasetPath] = {}
         self._datasets: dict[str, Dataset] = {}

@@ -82,7 +82,7 @@ class Dataset:
             cache_dir / "frames", lru, limits.build_batch_bytes, limits.verify_on_open, builder="frames"
         )
         self.frame_budget = frame_budget or FrameBudget(cache_dir.parent, limits.video_cache_bytes, lru)
-        self.decoders = decoders or DecoderPool(limits.video_decoders)
+        self.decoders = decoders or DecoderPool(limits.video_decoders, limits.video_decode_threads)
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
     @staticmethod
