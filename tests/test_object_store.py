@@ -25,6 +25,7 @@ from app.settings import Settings
 from app.sources.object_store import ObjectStore, StoreOptions
 from app.store.catalog import Catalog, ConfigurationError, locate_roots
 from app.store.segments import SourceChanged
+from tests.store_proxy import StoreProxy
 from tests.support import ROOT, ServerProcess, assert_tables_equal, free_port, oracle, read_stream
 
 moto_server = pytest.importorskip("moto.server", reason="moto (a dev dependency) runs the S3 server of these tests")
@@ -404,6 +405,27 @@ def test_an_object_replaced_since_its_fingerprint_is_never_built_under_the_old_o
             dataset.build(0)
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.arrow"))
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
+def test_without_a_region_in_the_environment_the_aws_profile_s_region_is_used(
+    s3: S3Server, datasets_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    s3.upload(datasets_root / "generic", "region/generic")
+    config = tmp_path / "aws-config"
+    config.write_text("[default]\nregion = eu-west-3\n")
+    with StoreProxy(s3.port) as proxy:
+        env = {k: v for k, v in s3.env().items() if k != "AWS_REGION"}
+        env |= {"AWS_ENDPOINT_URL_S3": proxy.endpoint, "AWS_CONFIG_FILE": str(config)}
+        server = ServerProcess([f"s3://{BUCKET}/region"], tmp_path / "cache", env=env)
+        with server, _client(server) as http:
+            served = http.get("/datasets/generic/rows")
+            assert served.status_code == 200, served.text
+            assert_tables_equal(read_stream(served.content), oracle(datasets_root / "generic", None))
+    signed = [seen.authorization for seen in proxy.seen if "Credential=" in seen.authorization]
+    assert signed
+    assert {scope.split("Credential=")[1].split("/")[2] for scope in signed} == {"eu-west-3"}
 
 
 @contextlib.contextmanager

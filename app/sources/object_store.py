@@ -79,14 +79,18 @@ class ObjectStore:
 
     @classmethod
     def from_environment(cls, options: StoreOptions) -> ObjectStore:
-        """An S3 filesystem configured the standard AWS way (endpoint from `AWS_ENDPOINT_URL_S3` or
-        `AWS_ENDPOINT_URL`, region from `AWS_REGION`/`AWS_DEFAULT_REGION`, credentials from the SDK's chain)."""
+        """An S3 filesystem configured the standard AWS way: endpoint from `AWS_ENDPOINT_URL_S3` or
+        `AWS_ENDPOINT_URL`; region from `AWS_REGION` or `AWS_DEFAULT_REGION`, else the AWS SDK's own chain (the
+        profile in `~/.aws/config` or `AWS_CONFIG_FILE`, instance metadata, then us-east-1); credentials from the
+        SDK's chain."""
         kwargs: dict[str, Any] = {
-            "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=options.attempts),
             "connect_timeout": options.timeout_s,
             "request_timeout": options.timeout_s,
         }
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region  # the SDK would prefer AWS_DEFAULT_REGION; AWS tools prefer AWS_REGION
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
