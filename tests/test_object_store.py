@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -426,6 +426,47 @@ def test_without_a_region_in_the_environment_the_aws_profile_s_region_is_used(
     signed = [seen.authorization for seen in proxy.seen if "Credential=" in seen.authorization]
     assert signed
     assert {scope.split("Credential=")[1].split("/")[2] for scope in signed} == {"eu-west-3"}
+
+
+def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not true within {seconds} s"
+        time.sleep(0.1)
+
+
+_NOT_UTF8_LISTING = (
+    b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    b"<Name>episerve</Name><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
+    b"<Contents><Key>renew/plain/\xff.parquet</Key><LastModified>2024-01-01T00:00:00.000Z</LastModified>"
+    b'<ETag>"0"</ETag><Size>5</Size><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>'
+)
+
+
+def test_a_listing_renewal_failing_in_any_way_keeps_the_last_listing_and_is_tried_again(
+    s3: S3Server, datasets_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    s3.upload(datasets_root / "plain", "renew/plain")
+
+    def listings_asked() -> int:
+        return sum("list-type" in seen.path for seen in proxy.seen)
+
+    with StoreProxy(s3.port) as proxy, _environment(s3.env() | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}):
+        store = ObjectStore.from_environment(StoreOptions(list_ttl_s=0.2, attempts=1, timeout_s=2))
+        root = store.root(f"s3://{BUCKET}/renew")
+        good = store.listing(root.key)
+        for answer in (b"<not a listing/>", _NOT_UTF8_LISTING):  # an error; then a listing no path can hold
+            proxy.listing_body = answer
+            before = listings_asked()
+            deadline = time.monotonic() + 10
+            while listings_asked() < before + 3 and time.monotonic() < deadline:
+                assert store.listing(root.key) is good  # the last good listing keeps answering
+                time.sleep(0.05)
+            assert listings_asked() >= before + 3, "the listing is no longer renewed"
+        proxy.heal()
+        _eventually(lambda: store.listing(root.key) is not good, seconds=10)
+        assert [p.name for p in root.iterdir()] == ["plain"]
+    assert f"cannot list s3://{BUCKET}/renew (serving what is cached)" in caplog.text
 
 
 @contextlib.contextmanager

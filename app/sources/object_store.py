@@ -135,12 +135,13 @@ class ObjectStore:
         return fresh
 
     def _renew(self, root: str) -> None:
-        """Take a new listing of `root`; when the store cannot be listed, keep the last one (what is cached keeps
-        serving) and try again one TTL later."""
+        """Take a new listing of `root`; when the store cannot be listed, or answers something that is not a
+        listing, keep the last one (what is cached keeps serving) and try again one TTL later."""
         try:
             fresh = _Listing.of(self.fs, root, time.monotonic())
-        except OSError as exc:
-            log.warning("cannot list %s%s (serving what is cached): %s", SCHEME, root, _reason(exc))
+        except Exception as exc:  # whatever went wrong, the root must not stay marked as being renewed
+            odd = not isinstance(exc, OSError)  # e.g. a listing that is not UTF-8: worth a traceback
+            log.warning("cannot list %s%s (serving what is cached): %s", SCHEME, root, _reason(exc), exc_info=odd)
             with self._lock:
                 self._listings[root].taken_at = time.monotonic()
                 self._renewing.discard(root)
@@ -293,9 +294,9 @@ def _matches(key: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(key.rpartition("/")[2], pattern)
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: BaseException) -> str:
     """The store's explanation, without pyarrow's request ids."""
-    text = str(exc)
+    text = str(exc) or type(exc).__name__
     return text.split(" (Request ID:")[0]
 
 
