@@ -336,7 +336,7 @@ def test_while_the_store_is_down_cached_episodes_are_served_and_the_rest_answer_
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
 
 
-def test_a_store_stopped_mid_build_leaves_no_segment_and_the_next_build_is_correct(
+def test_a_store_stopped_mid_build_names_the_object_leaves_no_segment_and_the_next_build_is_correct(
     s3: S3Server, tmp_path: Path
 ) -> None:
     source = tmp_path / "big"
@@ -371,19 +371,25 @@ def test_a_store_stopped_mid_build_leaves_no_segment_and_the_next_build_is_corre
                 s3.stop()
 
         started = time.monotonic()
-        with pytest.raises(Exception) as failed:
-            dataset.build(0, progress=stop_store)
-        assert time.monotonic() - started < 30
+        try:
+            with pytest.raises(Exception) as failed:
+                dataset.build(0, progress=stop_store)
+            assert time.monotonic() - started < 30
+        finally:
+            if s3.server is None:
+                s3.start()  # back for what follows, whatever happened
         assert getattr(failed.value, "status", None) == 503
-        assert f"s3://{BUCKET}/midbuild/big/part-0.parquet" in str(failed.value) or "part-0.parquet" in str(
-            failed.value
-        )
+        assert f"cannot read s3://{BUCKET}/midbuild/big/part-0.parquet: " in str(failed.value)
         segments = tmp_path / "cache" / "datasets"
         assert not list(segments.glob("*/segments/*.arrow")), "a partial segment was published"
         assert not list(segments.glob("*/segments/*.tmp")), "a temporary file was left behind"
 
-        s3.start()
-        segment = dataset.build(0)
+        server = ServerProcess([f"s3://{BUCKET}/midbuild"], tmp_path / "cache", env=s3.env(EPISERVE_COLD_READ_BYTES=0))
+        with server, _client(server) as http:
+            served = http.get("/datasets/big/rows", params={"episodes": "3,17"})
+            assert served.status_code == 200, served.text
+            assert_tables_equal(read_stream(served.content), oracle(source, [3, 17]))
+        segment = dataset.build(0)  # the segment the server built from the store
         built = pa.Table.from_batches(segment.batches)
         assert built.equals(table.cast(built.schema))
 
@@ -407,6 +413,61 @@ def test_an_object_replaced_since_its_fingerprint_is_never_built_under_the_old_o
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
 
 
+def test_store_errors_mid_read_answer_503_naming_the_object_while_cached_rows_keep_serving(
+    s3: S3Server, datasets_root: Path, tmp_path: Path
+) -> None:
+    prefix = "errors"
+    dataset = datasets_root / "lerobot" / "demo-v3"
+    s3.upload(dataset, f"{prefix}/demo-v3")
+    everything = oracle(dataset, None)
+    uncached = everything.num_rows - 1  # in the last data file, whose segment is never built here
+    missing = f"s3://{BUCKET}/{prefix}/demo-v3/{_data_files(dataset)[-1]}"
+    cached = [0, 7, 3]  # rows of episode 0, in the first data file
+
+    with _behind_proxy(s3, prefix, tmp_path / "cache", EPISERVE_REMOTE_ATTEMPTS=2) as (proxy, http):
+
+        def take(indices: list[int]) -> httpx.Response:
+            return http.post("/datasets/demo-v3/rows/take", json={"indices": indices})
+
+        def cached_rows_are_served() -> None:
+            served = take(cached)
+            assert served.status_code == 200, served.text
+            assert_tables_equal(read_stream(served.content), everything.take(cached))
+
+        def uncached_row_answers_503(reason: str) -> None:
+            failed = take([uncached])
+            assert failed.status_code == 503, failed.text
+            assert failed.json()["detail"].startswith(f"cannot read {missing}: "), failed.json()
+            assert reason in failed.json()["detail"]
+            assert failed.headers["retry-after"]
+
+        assert http.post("/datasets/demo-v3/cache", json={"episodes": "0"}).status_code == 202
+        _eventually(lambda: http.get("/datasets/demo-v3/cache").json()["segments_built"] == 1)
+
+        proxy.fail_row_groups = (500, "InternalError")  # footers arrive, the row groups after them do not
+        for _ in range(2):  # a failed cold read keeps the index: the second one fails the same way, no worse
+            uncached_row_answers_503("INTERNAL_FAILURE")
+            cached_rows_are_served()
+
+        # A re-uploaded object makes the dataset re-read its index, which fails too: the last index keeps serving.
+        time.sleep(1.1)  # a new Last-Modified second
+        middle = _data_files(dataset)[1]
+        s3.client().upload_file(str(dataset / middle), BUCKET, f"{prefix}/demo-v3/{middle}")
+        time.sleep(2 * TTL)
+        cached_rows_are_served()
+        assert http.get("/datasets/demo-v3").status_code == 200
+
+        proxy.fail_row_groups, proxy.fail_reads = None, (403, "AccessDenied")  # e.g. credentials revoked
+        uncached_row_answers_503("ACCESS_DENIED")
+        cached_rows_are_served()
+
+        proxy.heal()
+        back = take([uncached, *cached])
+        assert back.status_code == 200, back.text
+        assert_tables_equal(read_stream(back.content), everything.take([uncached, *cached]))
+    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
 def test_without_a_region_in_the_environment_the_aws_profile_s_region_is_used(
     s3: S3Server, datasets_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -426,6 +487,21 @@ def test_without_a_region_in_the_environment_the_aws_profile_s_region_is_used(
     signed = [seen.authorization for seen in proxy.seen if "Credential=" in seen.authorization]
     assert signed
     assert {scope.split("Credential=")[1].split("/")[2] for scope in signed} == {"eu-west-3"}
+
+
+@contextlib.contextmanager
+def _behind_proxy(
+    s3: S3Server, prefix: str, cache: Path, **settings: object
+) -> Iterator[tuple[StoreProxy, httpx.Client]]:
+    """A server of `s3://episerve/<prefix>` reaching the store through a fault-injecting proxy, and its client."""
+    with StoreProxy(s3.port) as proxy:
+        env = s3.env(**settings) | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}
+        with ServerProcess([f"s3://{BUCKET}/{prefix}"], cache, env=env) as server, _client(server) as http:
+            yield proxy, http
+
+
+def _data_files(dataset: Path) -> list[str]:
+    return sorted(p.relative_to(dataset).as_posix() for p in (dataset / "data").rglob("*.parquet"))
 
 
 def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:

@@ -13,6 +13,9 @@ never list the bucket, nor wait for a listing. When the store cannot be listed, 
 Endpoint, region and credentials come from the standard AWS environment and configuration (`AWS_ENDPOINT_URL_S3`
 or `AWS_ENDPOINT_URL` for S3-compatible stores, `AWS_REGION`, `AWS_ACCESS_KEY_ID`..., `~/.aws/`), as for any AWS
 tool.
+
+A read the store fails (unreachable, refusing, erring) raises `ObjectStoreError` naming the `s3://` object: a 503
+to retry, never taken for a changed source file.
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ class ObjectStore:
         try:
             return self.fs.open_input_file(key)
         except OSError as exc:
-            raise ObjectStoreError(f"cannot read {SCHEME}{key}: {_reason(exc)}") from exc
+            raise read_failure(SCHEME + key, exc) from exc
 
 
 class _Listing:
@@ -280,7 +283,7 @@ class RemotePath:
             try:
                 return handle.read()
             except OSError as exc:
-                raise ObjectStoreError(f"cannot read {self}: {_reason(exc)}") from exc
+                raise read_failure(self, exc) from exc
 
     def read_text(self) -> str:
         return self.read_bytes().decode()
@@ -292,6 +295,11 @@ class RemotePath:
 
 def _matches(key: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(key.rpartition("/")[2], pattern)
+
+
+def read_failure(what: object, exc: BaseException) -> ObjectStoreError:
+    """The error of a read of object `what` (an `s3://` location) that the store failed."""
+    return ObjectStoreError(f"cannot read {what}: {_reason(exc)}")
 
 
 def _reason(exc: BaseException) -> str:

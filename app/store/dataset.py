@@ -6,6 +6,10 @@ row is never served. Every `rescan_interval_s`, the dataset's directories, metad
 stat'ed again, so files added, removed or rewritten are noticed (and the index rebuilt) without a restart.
 Reads that must not block (see `app.reads`) say so with `may_block=False`: then anything
 that would load, map, build or reload raises `WouldBlock` before doing it.
+
+In an object store, a store that fails is a 503 naming the object (`ObjectStoreError`), not a changed source: the
+index snapshot is kept, and a reload that fails keeps it too, so what is cached keeps serving while the store is
+down.
 """
 
 from __future__ import annotations
@@ -107,11 +111,9 @@ class Dataset:
     def index(self) -> EpisodeIndex:
         """The current episode index snapshot, opened on first use, and re-checked against the files on disk
         when `rescan_interval_s` has passed since the last look."""
-        with self._lock:
-            if self._index is None:
-                self._load()
-            index = self._index
-        assert index is not None
+        index = self._index
+        if index is None:
+            index = self._loaded()
         return self._look_again(index) if self._look_due() else index
 
     def _load(self) -> None:
@@ -146,14 +148,11 @@ class Dataset:
             if stamp(self._watched) == self._stamp and self._sources_unchanged(index):
                 return index
             log.info("dataset %s: source files or metadata changed; re-reading its index", self.id)
-            with self._lock:
-                if self._index is index:
-                    try:
-                        self._load()
-                    except DatasetError as exc:  # e.g. a file still being written: keep the snapshot, look again
-                        log.warning("dataset %s: cannot re-read its index yet: %s", self.id, exc.detail)
-                        self._index = index
-                return self._index or index
+            try:
+                return self._reloaded(index)
+            except DatasetError as exc:  # e.g. a file still being written, the store failing: keep the snapshot
+                log.warning("dataset %s: cannot re-read its index yet: %s", self.id, exc.detail)
+                return index
         finally:
             self._looking.release()
 
@@ -165,11 +164,26 @@ class Dataset:
         return True
 
     def reload(self, seen: EpisodeIndex | None = None) -> EpisodeIndex:
-        """Re-read the directory and fingerprints (unless another thread already replaced `seen`)."""
+        """Re-read the directory and fingerprints (unless another thread already replaced `seen`). When they cannot
+        be read, the error is raised and the current snapshot kept: it goes on serving what is cached."""
+        return self._reloaded(seen)
+
+    def _loaded(self) -> EpisodeIndex:
+        """The index, read first unless another thread did."""
+        with self._lock:
+            if self._index is None:
+                self._load()
+            assert self._index is not None
+            return self._index
+
+    def _reloaded(self, seen: EpisodeIndex | None) -> EpisodeIndex:
+        """The index read again, unless another thread already replaced `seen`. `_load` replaces the snapshot only
+        once all of it was read, so a failure leaves the current one in place."""
         with self._lock:
             if seen is None or self._index is seen:
-                self._index = None
-        return self.index()
+                self._load()
+            assert self._index is not None
+            return self._index
 
     def full_view(self, index: EpisodeIndex) -> EpisodeView:
         """The view of every episode of `index` (computed once per snapshot)."""
@@ -238,7 +252,7 @@ class Dataset:
 
     def cold_take(self, index: EpisodeIndex, cold: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
         """Stored `rows` (ascending) of a file read cold, within the worker's cold-read memory budget;
-        `SourceChanged` when the file changed under us."""
+        `SourceChanged` when the file changed under us, `ObjectStoreError` when the store failed to answer."""
         budget = cold_read_memory(self.limits.cold_read_memory)
         try:
             with budget.reserve(cold.read_memory(rows)):
