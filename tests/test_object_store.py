@@ -22,7 +22,7 @@ import pytest
 
 from app.demo import write_demo_dataset
 from app.settings import Settings
-from app.sources.object_store import ObjectStore, StoreOptions
+from app.sources.object_store import ObjectStore, ObjectStoreError, StoreOptions
 from app.store.catalog import Catalog, ConfigurationError, locate_roots
 from app.store.segments import SourceChanged
 from tests.store_proxy import StoreProxy
@@ -413,6 +413,28 @@ def test_an_object_replaced_since_its_fingerprint_is_never_built_under_the_old_o
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
 
 
+@contextlib.contextmanager
+def _behind_proxy(
+    s3: S3Server, prefix: str, cache: Path, **settings: object
+) -> Iterator[tuple[StoreProxy, httpx.Client]]:
+    """A server of `s3://episerve/<prefix>` reaching the store through a fault-injecting proxy, and its client."""
+    with StoreProxy(s3.port) as proxy:
+        env = s3.env(**settings) | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}
+        with ServerProcess([f"s3://{BUCKET}/{prefix}"], cache, env=env) as server, _client(server) as http:
+            yield proxy, http
+
+
+def _data_files(dataset: Path) -> list[str]:
+    return sorted(p.relative_to(dataset).as_posix() for p in (dataset / "data").rglob("*.parquet"))
+
+
+def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not true within {seconds} s"
+        time.sleep(0.1)
+
+
 def test_store_errors_mid_read_answer_503_naming_the_object_while_cached_rows_keep_serving(
     s3: S3Server, datasets_root: Path, tmp_path: Path
 ) -> None:
@@ -468,6 +490,67 @@ def test_store_errors_mid_read_answer_503_naming_the_object_while_cached_rows_ke
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
 
 
+def test_a_slow_store_answers_503_naming_the_object_within_the_wait_bound_and_serves_once_fast_again(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    source = tmp_path / "slow"
+    rows = 20_000
+    table = pa.table(
+        {
+            "episode_index": np.repeat(np.arange(20), rows // 20),
+            "observation.state": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.random.default_rng(1).random(rows * 8, dtype=np.float32)), 8
+            ),
+        }
+    )
+    source.mkdir()
+    pq.write_table(table, source / "part-0.parquet", row_group_size=500)  # 40 row groups: 40 reads to build
+    s3.upload(source, "slow/slow")
+    name = f"s3://{BUCKET}/slow/slow/part-0.parquet"
+    spread = list(range(0, rows, 500))  # a row of each row group: a cold take reads all 40
+    requests = {
+        "slice": ("GET", "/datasets/slow/rows", {"params": {"episodes": "7"}}),  # waits for the segment's build
+        "take": ("POST", "/datasets/slow/rows/take", {"json": {"indices": spread}}),  # reads the rows cold
+    }
+    settings = {"EPISERVE_REMOTE_WAIT_S": 2, "EPISERVE_REMOTE_TIMEOUT_S": 10}
+    with _behind_proxy(s3, "slow", tmp_path / "cache", **settings) as (proxy, http):
+        assert http.get("/datasets/slow").status_code == 200  # the index is loaded
+        proxy.delay_s = 0.4  # each store request is answered, well within its timeout, but slowly
+        for method, url, kwargs in requests.values():
+            started = time.monotonic()
+            slow = http.request(method, url, **kwargs)  # type: ignore[arg-type]
+            assert time.monotonic() - started < 2 + 3
+            assert slow.status_code == 503, slow.text
+            assert slow.json()["detail"].startswith(f"cannot read {name}: the object store did not answer within 2 s")
+
+        proxy.heal()
+        method, url, kwargs = requests["slice"]
+        _eventually(lambda: http.request(method, url, **kwargs).status_code == 200)  # type: ignore[arg-type]
+        assert_tables_equal(read_stream(http.request(method, url, **kwargs).content), oracle(source, [7]))  # type: ignore[arg-type]
+        method, url, kwargs = requests["take"]
+        taken = http.request(method, url, **kwargs)  # type: ignore[arg-type]
+        assert taken.status_code == 200, taken.text
+        assert_tables_equal(read_stream(taken.content), table.take(spread))
+    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
+def test_each_store_request_gives_up_after_the_configured_timeout(
+    s3: S3Server, datasets_root: Path, tmp_path: Path
+) -> None:
+    s3.upload(datasets_root / "generic", "stalled/generic")
+    settings = Settings(
+        roots=[f"s3://{BUCKET}/stalled"], cache_dir=tmp_path / "cache", remote_timeout_s=1, remote_attempts=1
+    )
+    with StoreProxy(s3.port) as proxy, _environment(s3.env() | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}):
+        (root,) = locate_roots(settings, settings.roots)
+        stalled = next(root.rglob("*.parquet"))
+        proxy.delay_s = 5
+        started = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=f"^cannot read {stalled}: "):
+            stalled.read_bytes()
+        assert time.monotonic() - started < 3
+
+
 def test_without_a_region_in_the_environment_the_aws_profile_s_region_is_used(
     s3: S3Server, datasets_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -487,28 +570,6 @@ def test_without_a_region_in_the_environment_the_aws_profile_s_region_is_used(
     signed = [seen.authorization for seen in proxy.seen if "Credential=" in seen.authorization]
     assert signed
     assert {scope.split("Credential=")[1].split("/")[2] for scope in signed} == {"eu-west-3"}
-
-
-@contextlib.contextmanager
-def _behind_proxy(
-    s3: S3Server, prefix: str, cache: Path, **settings: object
-) -> Iterator[tuple[StoreProxy, httpx.Client]]:
-    """A server of `s3://episerve/<prefix>` reaching the store through a fault-injecting proxy, and its client."""
-    with StoreProxy(s3.port) as proxy:
-        env = s3.env(**settings) | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}
-        with ServerProcess([f"s3://{BUCKET}/{prefix}"], cache, env=env) as server, _client(server) as http:
-            yield proxy, http
-
-
-def _data_files(dataset: Path) -> list[str]:
-    return sorted(p.relative_to(dataset).as_posix() for p in (dataset / "data").rglob("*.parquet"))
-
-
-def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"not true within {seconds} s"
-        time.sleep(0.1)
 
 
 _NOT_UTF8_LISTING = (
