@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.api import cache, datasets, health, rows
-from app.api.deps import reject_unknown_query, require_token
+from app.api.deps import bound_store_waits, reject_unknown_query, require_token
 from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_problem_handlers(app)
     install_problem_schema(app)
     # Health and metrics stay lenient about their query: probes and scrapers add cache-busting parameters.
-    protected = [Depends(require_token), Depends(reject_unknown_query)]
+    protected = [Depends(require_token), Depends(reject_unknown_query), Depends(bound_store_waits)]
     # Every data endpoint may answer these: a missing or wrong token, invalid input, and a catalog still loading
     # or a dataset unreadable.
     guarded = problem_responses(401, 403, 422, 503)

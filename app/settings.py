@@ -144,7 +144,15 @@ class Settings(BaseSettings):
         gt=0,
         le=600,
         description="Connect timeout, and longest wait for data, of one object-store request; with "
-        "`remote_attempts` it bounds how long a read waits for an unreachable or stalled store before a 503.",
+        "`remote_attempts` it bounds how long one store request may take before it counts as failed.",
+    )
+    remote_wait_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest a request waits on an object store in all (loading an index, building a segment, "
+        "reading rows cold), however many store requests that takes: then a 503 naming the object, while the work "
+        "goes on in the background (a segment still built serves a later request).",
     )
     max_open_segments: int = Field(256, ge=1, description="Memory-mapped segments kept open per process.")
     build_batch_bytes: int = Field(

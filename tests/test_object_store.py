@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -22,9 +22,10 @@ import pytest
 
 from app.demo import write_demo_dataset
 from app.settings import Settings
-from app.sources.object_store import ObjectStore, StoreOptions
+from app.sources.object_store import ObjectStore, ObjectStoreError, StoreOptions
 from app.store.catalog import Catalog, ConfigurationError, locate_roots
 from app.store.segments import SourceChanged
+from tests.store_proxy import StoreProxy
 from tests.support import ROOT, ServerProcess, assert_tables_equal, free_port, oracle, read_stream
 
 moto_server = pytest.importorskip("moto.server", reason="moto (a dev dependency) runs the S3 server of these tests")
@@ -335,7 +336,7 @@ def test_while_the_store_is_down_cached_episodes_are_served_and_the_rest_answer_
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
 
 
-def test_a_store_stopped_mid_build_leaves_no_segment_and_the_next_build_is_correct(
+def test_a_store_stopped_mid_build_names_the_object_leaves_no_segment_and_the_next_build_is_correct(
     s3: S3Server, tmp_path: Path
 ) -> None:
     source = tmp_path / "big"
@@ -370,19 +371,25 @@ def test_a_store_stopped_mid_build_leaves_no_segment_and_the_next_build_is_corre
                 s3.stop()
 
         started = time.monotonic()
-        with pytest.raises(Exception) as failed:
-            dataset.build(0, progress=stop_store)
-        assert time.monotonic() - started < 30
+        try:
+            with pytest.raises(Exception) as failed:
+                dataset.build(0, progress=stop_store)
+            assert time.monotonic() - started < 30
+        finally:
+            if s3.server is None:
+                s3.start()  # back for what follows, whatever happened
         assert getattr(failed.value, "status", None) == 503
-        assert f"s3://{BUCKET}/midbuild/big/part-0.parquet" in str(failed.value) or "part-0.parquet" in str(
-            failed.value
-        )
+        assert f"cannot read s3://{BUCKET}/midbuild/big/part-0.parquet: " in str(failed.value)
         segments = tmp_path / "cache" / "datasets"
         assert not list(segments.glob("*/segments/*.arrow")), "a partial segment was published"
         assert not list(segments.glob("*/segments/*.tmp")), "a temporary file was left behind"
 
-        s3.start()
-        segment = dataset.build(0)
+        server = ServerProcess([f"s3://{BUCKET}/midbuild"], tmp_path / "cache", env=s3.env(EPISERVE_COLD_READ_BYTES=0))
+        with server, _client(server) as http:
+            served = http.get("/datasets/big/rows", params={"episodes": "3,17"})
+            assert served.status_code == 200, served.text
+            assert_tables_equal(read_stream(served.content), oracle(source, [3, 17]))
+        segment = dataset.build(0)  # the segment the server built from the store
         built = pa.Table.from_batches(segment.batches)
         assert built.equals(table.cast(built.schema))
 
@@ -404,6 +411,199 @@ def test_an_object_replaced_since_its_fingerprint_is_never_built_under_the_old_o
             dataset.build(0)
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.arrow"))
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
+@contextlib.contextmanager
+def _behind_proxy(
+    s3: S3Server, prefix: str, cache: Path, **settings: object
+) -> Iterator[tuple[StoreProxy, httpx.Client]]:
+    """A server of `s3://episerve/<prefix>` reaching the store through a fault-injecting proxy, and its client."""
+    with StoreProxy(s3.port) as proxy:
+        env = s3.env(**settings) | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}
+        with ServerProcess([f"s3://{BUCKET}/{prefix}"], cache, env=env) as server, _client(server) as http:
+            yield proxy, http
+
+
+def _data_files(dataset: Path) -> list[str]:
+    return sorted(p.relative_to(dataset).as_posix() for p in (dataset / "data").rglob("*.parquet"))
+
+
+def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not true within {seconds} s"
+        time.sleep(0.1)
+
+
+def test_store_errors_mid_read_answer_503_naming_the_object_while_cached_rows_keep_serving(
+    s3: S3Server, datasets_root: Path, tmp_path: Path
+) -> None:
+    prefix = "errors"
+    dataset = datasets_root / "lerobot" / "demo-v3"
+    s3.upload(dataset, f"{prefix}/demo-v3")
+    everything = oracle(dataset, None)
+    uncached = everything.num_rows - 1  # in the last data file, whose segment is never built here
+    missing = f"s3://{BUCKET}/{prefix}/demo-v3/{_data_files(dataset)[-1]}"
+    cached = [0, 7, 3]  # rows of episode 0, in the first data file
+
+    with _behind_proxy(s3, prefix, tmp_path / "cache", EPISERVE_REMOTE_ATTEMPTS=2) as (proxy, http):
+
+        def take(indices: list[int]) -> httpx.Response:
+            return http.post("/datasets/demo-v3/rows/take", json={"indices": indices})
+
+        def cached_rows_are_served() -> None:
+            served = take(cached)
+            assert served.status_code == 200, served.text
+            assert_tables_equal(read_stream(served.content), everything.take(cached))
+
+        def uncached_row_answers_503(reason: str) -> None:
+            failed = take([uncached])
+            assert failed.status_code == 503, failed.text
+            assert failed.json()["detail"].startswith(f"cannot read {missing}: "), failed.json()
+            assert reason in failed.json()["detail"]
+            assert failed.headers["retry-after"]
+
+        assert http.post("/datasets/demo-v3/cache", json={"episodes": "0"}).status_code == 202
+        _eventually(lambda: http.get("/datasets/demo-v3/cache").json()["segments_built"] == 1)
+
+        proxy.fail_row_groups = (500, "InternalError")  # footers arrive, the row groups after them do not
+        for _ in range(2):  # a failed cold read keeps the index: the second one fails the same way, no worse
+            uncached_row_answers_503("INTERNAL_FAILURE")
+            cached_rows_are_served()
+
+        # A re-uploaded object makes the dataset re-read its index, which fails too: the last index keeps serving.
+        time.sleep(1.1)  # a new Last-Modified second
+        middle = _data_files(dataset)[1]
+        s3.client().upload_file(str(dataset / middle), BUCKET, f"{prefix}/demo-v3/{middle}")
+        time.sleep(2 * TTL)
+        cached_rows_are_served()
+        assert http.get("/datasets/demo-v3").status_code == 200
+
+        proxy.fail_row_groups, proxy.fail_reads = None, (403, "AccessDenied")  # e.g. credentials revoked
+        uncached_row_answers_503("ACCESS_DENIED")
+        cached_rows_are_served()
+
+        proxy.heal()
+        back = take([uncached, *cached])
+        assert back.status_code == 200, back.text
+        assert_tables_equal(read_stream(back.content), everything.take([uncached, *cached]))
+    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
+def test_a_slow_store_answers_503_naming_the_object_within_the_wait_bound_and_serves_once_fast_again(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    source = tmp_path / "slow"
+    rows = 20_000
+    table = pa.table(
+        {
+            "episode_index": np.repeat(np.arange(20), rows // 20),
+            "observation.state": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.random.default_rng(1).random(rows * 8, dtype=np.float32)), 8
+            ),
+        }
+    )
+    source.mkdir()
+    pq.write_table(table, source / "part-0.parquet", row_group_size=500)  # 40 row groups: 40 reads to build
+    s3.upload(source, "slow/slow")
+    name = f"s3://{BUCKET}/slow/slow/part-0.parquet"
+    spread = list(range(0, rows, 500))  # a row of each row group: a cold take reads all 40
+    requests = {
+        "slice": ("GET", "/datasets/slow/rows", {"params": {"episodes": "7"}}),  # waits for the segment's build
+        "take": ("POST", "/datasets/slow/rows/take", {"json": {"indices": spread}}),  # reads the rows cold
+    }
+    settings = {"EPISERVE_REMOTE_WAIT_S": 2, "EPISERVE_REMOTE_TIMEOUT_S": 10}
+    with _behind_proxy(s3, "slow", tmp_path / "cache", **settings) as (proxy, http):
+        assert http.get("/datasets/slow").status_code == 200  # the index is loaded
+        proxy.delay_s = 0.4  # each store request is answered, well within its timeout, but slowly
+        for method, url, kwargs in requests.values():
+            started = time.monotonic()
+            slow = http.request(method, url, **kwargs)  # type: ignore[arg-type]
+            assert time.monotonic() - started < 2 + 3
+            assert slow.status_code == 503, slow.text
+            assert slow.json()["detail"].startswith(f"cannot read {name}: the object store did not answer within 2 s")
+
+        proxy.heal()
+        method, url, kwargs = requests["slice"]
+        _eventually(lambda: http.request(method, url, **kwargs).status_code == 200)  # type: ignore[arg-type]
+        assert_tables_equal(read_stream(http.request(method, url, **kwargs).content), oracle(source, [7]))  # type: ignore[arg-type]
+        method, url, kwargs = requests["take"]
+        taken = http.request(method, url, **kwargs)  # type: ignore[arg-type]
+        assert taken.status_code == 200, taken.text
+        assert_tables_equal(read_stream(taken.content), table.take(spread))
+    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
+def test_each_store_request_gives_up_after_the_configured_timeout(
+    s3: S3Server, datasets_root: Path, tmp_path: Path
+) -> None:
+    s3.upload(datasets_root / "generic", "stalled/generic")
+    settings = Settings(
+        roots=[f"s3://{BUCKET}/stalled"], cache_dir=tmp_path / "cache", remote_timeout_s=1, remote_attempts=1
+    )
+    with StoreProxy(s3.port) as proxy, _environment(s3.env() | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}):
+        (root,) = locate_roots(settings, settings.roots)
+        stalled = next(root.rglob("*.parquet"))
+        proxy.delay_s = 5
+        started = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=f"^cannot read {stalled}: "):
+            stalled.read_bytes()
+        assert time.monotonic() - started < 3
+
+
+def test_without_a_region_in_the_environment_the_aws_profile_s_region_is_used(
+    s3: S3Server, datasets_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    s3.upload(datasets_root / "generic", "region/generic")
+    config = tmp_path / "aws-config"
+    config.write_text("[default]\nregion = eu-west-3\n")
+    with StoreProxy(s3.port) as proxy:
+        env = {k: v for k, v in s3.env().items() if k != "AWS_REGION"}
+        env |= {"AWS_ENDPOINT_URL_S3": proxy.endpoint, "AWS_CONFIG_FILE": str(config)}
+        server = ServerProcess([f"s3://{BUCKET}/region"], tmp_path / "cache", env=env)
+        with server, _client(server) as http:
+            served = http.get("/datasets/generic/rows")
+            assert served.status_code == 200, served.text
+            assert_tables_equal(read_stream(served.content), oracle(datasets_root / "generic", None))
+    signed = [seen.authorization for seen in proxy.seen if "Credential=" in seen.authorization]
+    assert signed
+    assert {scope.split("Credential=")[1].split("/")[2] for scope in signed} == {"eu-west-3"}
+
+
+_NOT_UTF8_LISTING = (
+    b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    b"<Name>episerve</Name><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>"
+    b"<Contents><Key>renew/plain/\xff.parquet</Key><LastModified>2024-01-01T00:00:00.000Z</LastModified>"
+    b'<ETag>"0"</ETag><Size>5</Size><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>'
+)
+
+
+def test_a_listing_renewal_failing_in_any_way_keeps_the_last_listing_and_is_tried_again(
+    s3: S3Server, datasets_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    s3.upload(datasets_root / "plain", "renew/plain")
+
+    def listings_asked() -> int:
+        return sum("list-type" in seen.path for seen in proxy.seen)
+
+    with StoreProxy(s3.port) as proxy, _environment(s3.env() | {"AWS_ENDPOINT_URL_S3": proxy.endpoint}):
+        store = ObjectStore.from_environment(StoreOptions(list_ttl_s=0.2, attempts=1, timeout_s=2))
+        root = store.root(f"s3://{BUCKET}/renew")
+        good = store.listing(root.key)
+        for answer in (b"<not a listing/>", _NOT_UTF8_LISTING):  # an error; then a listing no path can hold
+            proxy.listing_body = answer
+            before = listings_asked()
+            deadline = time.monotonic() + 10
+            while listings_asked() < before + 3 and time.monotonic() < deadline:
+                assert store.listing(root.key) is good  # the last good listing keeps answering
+                time.sleep(0.05)
+            assert listings_asked() >= before + 3, "the listing is no longer renewed"
+        proxy.heal()
+        _eventually(lambda: store.listing(root.key) is not good, seconds=10)
+        assert [p.name for p in root.iterdir()] == ["plain"]
+    assert f"cannot list s3://{BUCKET}/renew (serving what is cached)" in caplog.text
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from app.reads.requests import validated, validation_detail
 from app.settings import Settings
 from app.store.catalog import Catalog
 from app.store.dataset import Dataset
+from app.store.store_waits import store_deadline
 
 T = TypeVar("T")
 _BODY_DEADLINE = "episerve.body_deadline"
@@ -116,6 +117,13 @@ def unknown_query_detail(unknown: Iterable[str], accepted: Iterable[str]) -> str
 
 async def get_dataset(dataset_id: str, request: Request) -> Dataset:
     return catalog_of(request).get(dataset_id)
+
+
+async def bound_store_waits(request: Request) -> AsyncIterator[None]:
+    """The request's waits on an object store end `remote_wait_s` after it arrived (see `app.store.store_waits`);
+    the threads it reads in see the deadline, as they run in a copy of its context."""
+    with store_deadline(request.app.state.settings.remote_wait_s):
+        yield
 
 
 async def run_read(request: Request, function: Callable[..., T], *args: Any) -> T:

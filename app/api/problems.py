@@ -39,7 +39,8 @@ _PROBLEM_DESCRIPTIONS = {
     413: "The request exceeds a limit (`limit` says which number)",
     415: "The body is not application/json",
     422: "Invalid input: the detail names the parameter or field and what is wrong",
-    503: "Not ready (catalog loading), a dataset unreadable, or a source file changed mid-read: retry",
+    503: "Not ready (catalog loading), a dataset unreadable, its object store failing or too slow, or a source file "
+    "changed mid-read: retry",
 }
 
 

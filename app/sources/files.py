@@ -1,6 +1,7 @@
 """Where a dataset's files are: a local directory (`pathlib.Path`) or a prefix in an object store
 (`RemotePath`). Both are walked, stat'ed and read through the same `Path` methods; opening a file for a reader
-that needs random access (parquet, video) is the one thing that differs, and it happens here."""
+that needs random access (parquet, video) is the one thing that differs, and it happens here, as does turning a
+failure of the store during such a read into an `ObjectStoreError` naming the object."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from app.sources.object_store import RemotePath, etag_of
+from app.sources.object_store import RemotePath, etag_of, read_failure
 
 DatasetPath = Path | RemotePath
 VIDEO_READ_BYTES = 1 << 20  # a decoder's small reads become ranged GETs of this size
@@ -26,12 +27,32 @@ def parquet_input(path: DatasetPath) -> Any:
     return path.open_input_file() if isinstance(path, RemotePath) else str(path)
 
 
+def shown_path(root: DatasetPath, rel: str) -> str:
+    """How messages name file `rel` of the dataset at `root`: the whole `s3://` object in a store (an operator
+    looks for it there), the path relative to the dataset for a local file."""
+    return str(root / rel) if isinstance(root, RemotePath) else rel
+
+
+@contextlib.contextmanager
+def store_reads(path: DatasetPath) -> Iterator[None]:
+    """A block reading `path`. In an object store, an `OSError` from pyarrow's S3 filesystem (the store unreachable,
+    refusing or failing, after its retries) becomes `ObjectStoreError` naming the object: a 503 to retry, which the
+    store layer never mistakes for a changed file. A local file's errors pass as they are."""
+    try:
+        yield
+    except OSError as exc:
+        if not isinstance(path, RemotePath):
+            raise
+        raise read_failure(path, exc) from exc
+
+
 @contextlib.contextmanager
 def opened_parquet(path: DatasetPath) -> Iterator[Any]:
-    """`parquet_input` for the duration of a block."""
+    """`parquet_input` for the duration of a block, whose store failures name the object (see `store_reads`)."""
     opened = parquet_input(path)
     try:
-        yield opened
+        with store_reads(path):
+            yield opened
     finally:
         if not isinstance(opened, str):
             opened.close()

@@ -13,6 +13,9 @@ never list the bucket, nor wait for a listing. When the store cannot be listed, 
 Endpoint, region and credentials come from the standard AWS environment and configuration (`AWS_ENDPOINT_URL_S3`
 or `AWS_ENDPOINT_URL` for S3-compatible stores, `AWS_REGION`, `AWS_ACCESS_KEY_ID`..., `~/.aws/`), as for any AWS
 tool.
+
+A read the store fails (unreachable, refusing, erring) raises `ObjectStoreError` naming the `s3://` object: a 503
+to retry, never taken for a changed source file.
 """
 
 from __future__ import annotations
@@ -79,14 +82,18 @@ class ObjectStore:
 
     @classmethod
     def from_environment(cls, options: StoreOptions) -> ObjectStore:
-        """An S3 filesystem configured the standard AWS way (endpoint from `AWS_ENDPOINT_URL_S3` or
-        `AWS_ENDPOINT_URL`, region from `AWS_REGION`/`AWS_DEFAULT_REGION`, credentials from the SDK's chain)."""
+        """An S3 filesystem configured the standard AWS way: endpoint from `AWS_ENDPOINT_URL_S3` or
+        `AWS_ENDPOINT_URL`; region from `AWS_REGION` or `AWS_DEFAULT_REGION`, else the AWS SDK's own chain (the
+        profile in `~/.aws/config` or `AWS_CONFIG_FILE`, instance metadata, then us-east-1); credentials from the
+        SDK's chain."""
         kwargs: dict[str, Any] = {
-            "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
             "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=options.attempts),
             "connect_timeout": options.timeout_s,
             "request_timeout": options.timeout_s,
         }
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region  # the SDK would prefer AWS_DEFAULT_REGION; AWS tools prefer AWS_REGION
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
@@ -131,12 +138,13 @@ class ObjectStore:
         return fresh
 
     def _renew(self, root: str) -> None:
-        """Take a new listing of `root`; when the store cannot be listed, keep the last one (what is cached keeps
-        serving) and try again one TTL later."""
+        """Take a new listing of `root`; when the store cannot be listed, or answers something that is not a
+        listing, keep the last one (what is cached keeps serving) and try again one TTL later."""
         try:
             fresh = _Listing.of(self.fs, root, time.monotonic())
-        except OSError as exc:
-            log.warning("cannot list %s%s (serving what is cached): %s", SCHEME, root, _reason(exc))
+        except Exception as exc:  # whatever went wrong, the root must not stay marked as being renewed
+            odd = not isinstance(exc, OSError)  # e.g. a listing that is not UTF-8: worth a traceback
+            log.warning("cannot list %s%s (serving what is cached): %s", SCHEME, root, _reason(exc), exc_info=odd)
             with self._lock:
                 self._listings[root].taken_at = time.monotonic()
                 self._renewing.discard(root)
@@ -150,7 +158,7 @@ class ObjectStore:
         try:
             return self.fs.open_input_file(key)
         except OSError as exc:
-            raise ObjectStoreError(f"cannot read {SCHEME}{key}: {_reason(exc)}") from exc
+            raise read_failure(SCHEME + key, exc) from exc
 
 
 class _Listing:
@@ -275,7 +283,7 @@ class RemotePath:
             try:
                 return handle.read()
             except OSError as exc:
-                raise ObjectStoreError(f"cannot read {self}: {_reason(exc)}") from exc
+                raise read_failure(self, exc) from exc
 
     def read_text(self) -> str:
         return self.read_bytes().decode()
@@ -289,9 +297,14 @@ def _matches(key: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(key.rpartition("/")[2], pattern)
 
 
-def _reason(exc: OSError) -> str:
+def read_failure(what: object, exc: BaseException) -> ObjectStoreError:
+    """The error of a read of object `what` (an `s3://` location) that the store failed."""
+    return ObjectStoreError(f"cannot read {what}: {_reason(exc)}")
+
+
+def _reason(exc: BaseException) -> str:
     """The store's explanation, without pyarrow's request ids."""
-    text = str(exc)
+    text = str(exc) or type(exc).__name__
     return text.split(" (Request ID:")[0]
 
 

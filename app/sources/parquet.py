@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.errors import DatasetError, InvalidInput
-from app.sources.files import DatasetPath, is_remote_path, opened_etag, opened_parquet, parquet_input
+from app.sources.files import DatasetPath, is_remote_path, opened_etag, opened_parquet, parquet_input, store_reads
 from app.sources.json_files import read_json
 from app.sources.source import (
     DatasetInfo,
@@ -135,7 +135,9 @@ class ParquetRowGroups:
     """Row-group geometry of one parquet file, read from its footer, and reads of whole row groups."""
 
     def __init__(self, path: DatasetPath) -> None:
-        self.file = pq.ParquetFile(parquet_input(path), pre_buffer=is_remote_path(path))
+        self.path = path
+        with store_reads(path):
+            self.file = pq.ParquetFile(parquet_input(path), pre_buffer=is_remote_path(path))
         metadata = self.file.metadata
         counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
@@ -143,7 +145,8 @@ class ParquetRowGroups:
 
     def read(self, group: int, wanted: pa.Schema) -> pa.Table:
         present = set(self.file.schema_arrow.names)
-        return self.file.read_row_group(group, columns=[n for n in wanted.names if n in present], use_threads=False)
+        with store_reads(self.path):
+            return self.file.read_row_group(group, columns=[n for n in wanted.names if n in present], use_threads=False)
 
 
 def parquet_files(root: DatasetPath, under: DatasetPath) -> list[str]:

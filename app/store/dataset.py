@@ -6,10 +6,16 @@ row is never served. Every `rescan_interval_s`, the dataset's directories, metad
 stat'ed again, so files added, removed or rewritten are noticed (and the index rebuilt) without a restart.
 Reads that must not block (see `app.reads`) say so with `may_block=False`: then anything
 that would load, map, build or reload raises `WouldBlock` before doing it.
+
+In an object store, whatever reads the store for a request (loading or reloading the index, building a segment,
+reading rows cold) is waited for only until the request's deadline (`app.store.store_waits`). A store that fails
+or does not answer in time is a 503 naming the object (`ObjectStoreError`), not a changed source: the index
+snapshot is kept, and a reload that fails keeps it too, so what is cached keeps serving while the store is down.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -25,6 +31,7 @@ from app.errors import DatasetError, TryLater, WouldBlock
 from app.settings import Settings
 from app.sources import DatasetInfo, DatasetPath, Source, SourceFingerprint, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
+from app.sources.files import is_remote_path
 from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex, load_or_build_index
 from app.store.frame_budget import FrameBudget
@@ -38,6 +45,7 @@ from app.store.segments import (
     clean_temps,
     estimated_segment_bytes,
 )
+from app.store.store_waits import wait_on_store
 from app.store.views import EpisodeView
 
 _ATTEMPTS = 3
@@ -107,11 +115,9 @@ class Dataset:
     def index(self) -> EpisodeIndex:
         """The current episode index snapshot, opened on first use, and re-checked against the files on disk
         when `rescan_interval_s` has passed since the last look."""
-        with self._lock:
-            if self._index is None:
-                self._load()
-            index = self._index
-        assert index is not None
+        index = self._index
+        if index is None:
+            index = self._on_store(None, self._loaded)
         return self._look_again(index) if self._look_due() else index
 
     def _load(self) -> None:
@@ -138,22 +144,21 @@ class Dataset:
 
     def _look_again(self, index: EpisodeIndex) -> EpisodeIndex:
         """`index`, or a rebuilt one when files were added, removed or changed since it was read. One thread looks
-        at a time; the others go on with the snapshot they have."""
+        at a time, and none while the index is being read again; the others go on with the snapshot they have."""
         if not self._looking.acquire(blocking=False):
             return index
         try:
             self._mark_looked()
             if stamp(self._watched) == self._stamp and self._sources_unchanged(index):
                 return index
+            if self._lock.locked():  # being read again, perhaps for a request that stopped waiting for it
+                return index
             log.info("dataset %s: source files or metadata changed; re-reading its index", self.id)
-            with self._lock:
-                if self._index is index:
-                    try:
-                        self._load()
-                    except DatasetError as exc:  # e.g. a file still being written: keep the snapshot, look again
-                        log.warning("dataset %s: cannot re-read its index yet: %s", self.id, exc.detail)
-                        self._index = index
-                return self._index or index
+            try:
+                return self._on_store(None, lambda: self._reloaded(index))
+            except DatasetError as exc:  # e.g. a file still being written, the store down: keep the snapshot
+                log.warning("dataset %s: cannot re-read its index yet: %s", self.id, exc.detail)
+                return index
         finally:
             self._looking.release()
 
@@ -165,11 +170,26 @@ class Dataset:
         return True
 
     def reload(self, seen: EpisodeIndex | None = None) -> EpisodeIndex:
-        """Re-read the directory and fingerprints (unless another thread already replaced `seen`)."""
+        """Re-read the directory and fingerprints (unless another thread already replaced `seen`). When they cannot
+        be read, the error is raised and the current snapshot kept: it goes on serving what is cached."""
+        return self._on_store(None, lambda: self._reloaded(seen))
+
+    def _loaded(self) -> EpisodeIndex:
+        """The index, read first unless another thread did."""
+        with self._lock:
+            if self._index is None:
+                self._load()
+            assert self._index is not None
+            return self._index
+
+    def _reloaded(self, seen: EpisodeIndex | None) -> EpisodeIndex:
+        """The index read again, unless another thread already replaced `seen`. `_load` replaces the snapshot only
+        once all of it was read, so a failure leaves the current one in place."""
         with self._lock:
             if seen is None or self._index is seen:
-                self._index = None
-        return self.index()
+                self._load()
+            assert self._index is not None
+            return self._index
 
     def full_view(self, index: EpisodeIndex) -> EpisodeView:
         """The view of every episode of `index` (computed once per snapshot)."""
@@ -208,7 +228,7 @@ class Dataset:
         has it mapped already (else `WouldBlock`)."""
         source = index.files[number]
         if may_block:
-            return self.segments.open(source, index.schema)
+            return self._built(source, index.schema)
         segment = self.segments.opened(source)
         if segment is None:
             raise WouldBlock(f"segment of {source.path} is not mapped yet")
@@ -223,8 +243,9 @@ class Dataset:
             source = index.files[number]
             segment = self.segments.open_if_built(source, index.schema) if budget else None
             if segment is None and budget:
+                opening = functools.partial(ColdRows, self._source, source.path)  # type: ignore[arg-type]
                 try:
-                    cold = ColdRows(self._source, source.path)  # type: ignore[arg-type]
+                    cold = self._on_store(source.path, opening)
                 except (OSError, pa.ArrowException) as exc:
                     raise SourceChanged(source.path) from exc
                 cost = cold.row_group_bytes(stored[files == number])
@@ -233,18 +254,36 @@ class Dataset:
                     sources[number] = cold
                     self.segments.build_in_background(source, index.schema)
                     continue
-            sources[number] = segment or self.segments.open(source, index.schema)
+            sources[number] = segment or self._built(source, index.schema)
         return sources
+
+    def _built(self, source: SourceFingerprint, schema: pa.Schema) -> Segment:
+        """The segment of `source`, built first if needed."""
+        if not is_remote_path(self.path):
+            return self.segments.open(source, schema)
+        segment = self.segments.open_if_built(source, schema)  # no store thread for what is cached
+        return segment or self._on_store(source.path, lambda: self.segments.open(source, schema))
 
     def cold_take(self, index: EpisodeIndex, cold: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
         """Stored `rows` (ascending) of a file read cold, within the worker's cold-read memory budget;
-        `SourceChanged` when the file changed under us."""
+        `SourceChanged` when the file changed under us, `ObjectStoreError` when the store failed to answer."""
         budget = cold_read_memory(self.limits.cold_read_memory)
-        try:
+
+        def read() -> pa.Table:
             with budget.reserve(cold.read_memory(rows)):
                 return cold.take(rows, index.schema, names)
+
+        try:
+            return self._on_store(cold.path, read)
         except (OSError, IndexError, pa.ArrowException) as exc:
             raise SourceChanged(cold.path) from exc
+
+    def _on_store(self, rel: str | None, work: Callable[[], T]) -> T:
+        """`work()`, which reads the dataset's file `rel` (None: its metadata and files): for a dataset in an
+        object store, waited for only until the request's deadline (see `app.store.store_waits`)."""
+        if not is_remote_path(self.path):
+            return work()
+        return wait_on_store(str(self.path if rel is None else self.path / rel), work)
 
     def file_fingerprint(self, rel: str) -> SourceFingerprint:
         """The fingerprint of a file of the dataset that is not a data file (a camera's video), remembered while

@@ -38,6 +38,7 @@ from filelock import FileLock, Timeout
 from app import metrics
 from app.errors import DatasetError
 from app.sources import Source, SourceFingerprint, schema_hash
+from app.sources.files import shown_path
 from app.sources.source import SourceReplaced
 from app.store.atomic_files import fsync_directory, write_atomically
 
@@ -350,6 +351,8 @@ class SegmentStore:
                     self.open(source, schema, _unless_stopping)
             except BuildStopped:
                 log.info("background build of %s given up: the server is stopping", source.path)
+            except DatasetError as exc:  # the store failing, a file unreadable: the message says it all
+                log.warning("background build of %s failed: %s", source.path, exc.detail)
             except Exception:
                 log.exception("background build of %s failed", source.path)
             finally:
@@ -527,7 +530,7 @@ class SegmentStore:
             checksum = file_checksum(tmp)
         except (OSError, pa.ArrowException) as exc:
             tmp.unlink(missing_ok=True)
-            raise DatasetError(f"cannot convert {Path(rel).name!r}: {exc}") from exc
+            raise DatasetError(f"cannot convert {shown_path(self._source_files().root, rel)}: {exc}") from exc
         except SourceReplaced as exc:
             tmp.unlink(missing_ok=True)
             raise SourceChanged(exc.detail) from exc
