@@ -504,7 +504,7 @@ def test_a_slow_store_answers_503_naming_the_object_within_the_wait_bound_and_se
         }
     )
     source.mkdir()
-    pq.write_table(table, source / "part-0.parquet", row_group_size=500)  # 40 row groups: 40 reads to build
+    pq.write_table(table, source / "part-0.parquet", row_group_size=500)  # 40 row groups
     s3.upload(source, "slow/slow")
     name = f"s3://{BUCKET}/slow/slow/part-0.parquet"
     spread = list(range(0, rows, 500))  # a row of each row group: a cold take reads all 40
@@ -515,7 +515,7 @@ def test_a_slow_store_answers_503_naming_the_object_within_the_wait_bound_and_se
     settings = {"EPISERVE_REMOTE_WAIT_S": 2, "EPISERVE_REMOTE_TIMEOUT_S": 10}
     with _behind_proxy(s3, "slow", tmp_path / "cache", **settings) as (proxy, http):
         assert http.get("/datasets/slow").status_code == 200  # the index is loaded
-        proxy.delay_s = 0.4  # each store request is answered, well within its timeout, but slowly
+        proxy.delay_s = 2.5  # each store request is answered within its timeout, but after the wait bound
         for method, url, kwargs in requests.values():
             started = time.monotonic()
             slow = http.request(method, url, **kwargs)  # type: ignore[arg-type]
@@ -532,6 +532,36 @@ def test_a_slow_store_answers_503_naming_the_object_within_the_wait_bound_and_se
         assert taken.status_code == 200, taken.text
         assert_tables_equal(read_stream(taken.content), table.take(spread))
     assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+
+
+def test_cold_reads_and_builds_fetch_many_row_groups_in_few_requests(s3: S3Server, tmp_path: Path) -> None:
+    """LeRobot writes a row group per episode: reading an object's row groups one request each made a cold take
+    of a shuffled batch, and a build, one round trip per row group."""
+    source = tmp_path / "many"
+    rows = 12_000
+    table = pa.table(
+        {
+            "episode_index": np.repeat(np.arange(60), rows // 60),
+            "observation.state": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.random.default_rng(2).random(rows * 8, dtype=np.float32)), 8
+            ),
+        }
+    )
+    source.mkdir()
+    pq.write_table(table, source / "part-0.parquet", row_group_size=200)  # 60 row groups
+    s3.upload(source, "many/many")
+    spread = list(range(7, rows, 200))  # a row of every row group
+    with _behind_proxy(s3, "many", tmp_path / "cache", EPISERVE_COLD_READ_BYTES=1 << 30) as (proxy, http):
+        assert http.get("/datasets/many").status_code == 200  # the index is loaded
+        before = len(proxy.seen)
+        taken = http.post("/datasets/many/rows/take", json={"indices": spread})
+        assert taken.status_code == 200, taken.text
+        assert_tables_equal(read_stream(taken.content), table.take(spread))
+        _eventually(lambda: http.get("/datasets/many/cache").json()["segments_built"] == 1)
+        ranged = [seen for seen in proxy.seen[before:] if seen.method == "GET" and seen.range]
+        assert len(ranged) < 20, len(ranged)  # the cold take and the build together, against 60 + 60 before
+        served = http.get("/datasets/many/rows", params={"episodes": "0-59"})
+        assert_tables_equal(read_stream(served.content), table)
 
 
 def test_each_store_request_gives_up_after_the_configured_timeout(

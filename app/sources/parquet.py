@@ -29,6 +29,10 @@ from app.sources.source import (
 
 GENERIC_SETTINGS = Path("episerve.json")
 _MAX_BATCH_ROWS = 65_536
+# Decoded bytes of row groups a cold read of an object fetches at once, and how many build batches' worth a build
+# reads at once: their ranges are fetched together (coalesced, side by side) instead of one GET per row group.
+REMOTE_READ_BYTES = 16 * 1024 * 1024
+BUILD_READ_BATCHES = 4
 
 
 class ParquetSource:
@@ -116,7 +120,8 @@ class ParquetSource:
                 raise SourceReplaced(f"{self.root / rel} was replaced (ETag {found}, fingerprinted {etag})")
             if is_remote_path(self.root):
                 parquet = pq.ParquetFile(handle, pre_buffer=True)
-                batches = _batches_by_row_group(parquet, _rows_per_batch(parquet.metadata, batch_bytes))
+                batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
+                batches = _batches_by_row_group(parquet, batch_rows, BUILD_READ_BATCHES * batch_bytes)
             else:
                 parquet = pq.ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)
                 batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
@@ -143,10 +148,16 @@ class ParquetRowGroups:
         self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         self.sizes = np.array([metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)])
 
-    def read(self, group: int, wanted: pa.Schema) -> pa.Table:
+    def read(self, groups: list[int], wanted: pa.Schema) -> pa.Table:
         present = set(self.file.schema_arrow.names)
+        columns = [name for name in wanted.names if name in present]
         with store_reads(self.path):
-            return self.file.read_row_group(group, columns=[n for n in wanted.names if n in present], use_threads=False)
+            return self.file.read_row_groups(groups, columns=columns, use_threads=False)
+
+    def read_plan(self, groups: np.ndarray) -> list[list[int]]:
+        if not is_remote_path(self.path):
+            return [[group] for group in groups.tolist()]
+        return _runs_within(groups.tolist(), self.sizes, REMOTE_READ_BYTES)
 
 
 def parquet_files(root: DatasetPath, under: DatasetPath) -> list[str]:
@@ -190,16 +201,19 @@ def parquet_column_names(path: DatasetPath) -> list[str]:
         return pq.read_schema(handle).names
 
 
-def _batches_by_row_group(parquet: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Every row of an object's parquet file in batches of `batch_rows`, read row group by row group: each row
-    group's column chunks arrive in one coalesced ranged GET and are let go once decoded, so memory holds about one
-    row group and one batch (pre-buffering the whole file at once would hold all of it). The batches are cut
-    exactly as a local file's `iter_batches` cuts them (across row groups), so a segment built from the store is
-    byte for byte the one built from a local copy."""
+def _batches_by_row_group(parquet: pq.ParquetFile, batch_rows: int, read_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Every row of an object's parquet file in batches of `batch_rows`, read a few neighbouring row groups at a
+    time (up to `read_bytes` decoded): their column chunks arrive in a few coalesced ranged GETs and are let
+    go once decoded, so memory holds about that much and one batch (pre-buffering the whole file at once would
+    hold all of it), and a file of many small row groups (LeRobot writes one per episode) is not one request per
+    row group. The batches are cut exactly as a local file's `iter_batches` cuts them (across row groups), so a
+    segment built from the store is byte for byte the one built from a local copy."""
+    metadata = parquet.metadata
+    sizes = np.array([metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)])
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    for group in range(parquet.num_row_groups):
-        for piece in parquet.iter_batches(batch_size=batch_rows, row_groups=[group], use_threads=False):
+    for groups in _runs_within(list(range(parquet.num_row_groups)), sizes, read_bytes):
+        for piece in parquet.iter_batches(batch_size=batch_rows, row_groups=groups, use_threads=False):
             pending.append(piece)
             pending_rows += piece.num_rows
             while pending_rows >= batch_rows:
@@ -208,6 +222,23 @@ def _batches_by_row_group(parquet: pq.ParquetFile, batch_rows: int) -> Iterator[
                 pending, pending_rows = rest, pending_rows - batch_rows
     if pending_rows:
         yield _one_batch(pending)
+
+
+def _runs_within(groups: list[int], sizes: np.ndarray, limit: int) -> list[list[int]]:
+    """`groups` (ascending) in order, cut into lists of at most `limit` decoded bytes together (a larger group
+    alone). One read of a list fetches its groups' ranges together: neighbours in coalesced GETs, the others side
+    by side (pyarrow's pre-buffering), not one after the other."""
+    runs: list[list[int]] = []
+    total = 0
+    for group in groups:
+        size = int(sizes[group])
+        if runs and total + size <= limit:
+            runs[-1].append(group)
+            total += size
+        else:
+            runs.append([group])
+            total = size
+    return runs
 
 
 def _split_rows(batches: list[pa.RecordBatch], rows: int) -> tuple[list[pa.RecordBatch], list[pa.RecordBatch]]:

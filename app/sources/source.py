@@ -180,9 +180,15 @@ class RowGroups(Protocol):
     offsets: np.ndarray  # first row of each row group, plus the file's row count at the end
     sizes: np.ndarray  # decoded bytes of each row group
 
-    def read(self, group: int, wanted: pa.Schema) -> pa.Table:
-        """The rows of row group `group`: those columns of `wanted` the file has (`conform_batch` makes them
-        `wanted`)."""
+    def read(self, groups: list[int], wanted: pa.Schema) -> pa.Table:
+        """The rows of row groups `groups` (ascending), one after the other: those columns of `wanted` the file has
+        (`conform_batch` makes them `wanted`)."""
+        ...
+
+    def read_plan(self, groups: np.ndarray) -> list[list[int]]:
+        """`groups` (ascending) cut into the lists that `read` is given at once: one group each for a local file;
+        for an object, several up to a size, so that their ranges are fetched together instead of one request
+        after another."""
         ...
 
 

@@ -1,7 +1,8 @@
 """Rows read straight from a source file, for requests that reach a segment before it is built.
 
-Only the row groups holding the wanted rows are decoded (LeRobot writes one row group per episode), one at a time,
-so the first batch of a cold pick does not wait for whole files to be converted; the segment is built in the
+Only the row groups holding the wanted rows are decoded (LeRobot writes one row group per episode), one at a time
+from local files and a few neighbours at a time from an object store (`RowGroups.read_plan`), so the first batch
+of a cold pick does not wait for whole files to be converted; the segment is built in the
 background meanwhile. Bounded twice: per request, the caller checks `row_group_bytes` against
 `EPISERVE_COLD_READ_BYTES` first; per worker, `ColdReadMemory` lets concurrent cold reads decode at most
 `EPISERVE_COLD_READ_MEMORY` bytes of row groups at once (more wait their turn), and hands the decoded memory back
@@ -42,24 +43,28 @@ class ColdRows:
         return int(self.groups.sizes[self.row_groups(rows)].sum())
 
     def read_memory(self, rows: np.ndarray) -> int:
-        """Memory that reading `rows` takes at its peak, estimated: one row group at a time is read, and decoding
-        one peaks at about five times its uncompressed size (measured: column chunks as read, pages, decoded arrays)."""
-        return _DECODE_FACTOR * int(self.groups.sizes[self.row_groups(rows)].max(initial=0))
+        """Memory that reading `rows` takes at its peak, estimated: one read of the plan at a time, and decoding
+        peaks at about five times the uncompressed size read (measured: column chunks as read, pages, decoded
+        arrays)."""
+        plan = self.groups.read_plan(self.row_groups(rows))
+        return _DECODE_FACTOR * max((int(self.groups.sizes[groups].sum()) for groups in plan), default=0)
 
     def take(self, rows: np.ndarray, schema: pa.Schema, columns: list[str] | None) -> pa.Table:
         """`rows` (ascending stored positions, duplicates allowed) with the dataset's unified `schema`.
 
-        Row groups are read one at a time and only the wanted rows of each are kept, so the peak memory is about
-        one decoded row group whatever the number of groups touched."""
+        Row groups are read as the plan groups them and only the wanted rows of each read are kept, so the peak
+        memory is about one read's decoded row groups whatever the number of groups touched."""
         wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
         offsets = self.groups.offsets
         group_of = np.searchsorted(offsets, rows, side="right") - 1
-        bounds = np.flatnonzero(np.diff(group_of)) + 1
         pieces: list[pa.RecordBatch] = []
-        for positions in np.split(rows, bounds) if len(rows) else []:
-            group = int(group_of[np.searchsorted(rows, positions[0])])
-            table = self.groups.read(group, wanted)
-            picked = table.take(pa.array(positions - offsets[group]))
+        for groups in self.groups.read_plan(np.unique(group_of)) if len(rows) else []:
+            chosen = np.isin(group_of, groups)
+            counts = offsets[np.array(groups) + 1] - offsets[groups]
+            starts = dict(zip(groups, np.concatenate(([0], np.cumsum(counts)[:-1])).tolist(), strict=True))
+            first_in_read = np.array([starts[g] for g in group_of[chosen].tolist()], dtype=np.int64)
+            table = self.groups.read(groups, wanted)
+            picked = table.take(pa.array(rows[chosen] - offsets[group_of[chosen]] + first_in_read))
             del table
             pieces.extend(conform_batch(b, wanted) for b in picked.combine_chunks().to_batches())
         return pa.Table.from_batches(pieces, schema=wanted)
