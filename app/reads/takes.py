@@ -57,12 +57,15 @@ def take_rows(
     order = np.lexsort((stored, files))
     pieces: list[pa.RecordBatch] = []
     bounds = np.flatnonzero(np.diff(files[order])) + 1
-    for group in np.split(order, bounds):
-        source = sources[int(files[group[0]])]
-        if isinstance(source, Segment):
-            pieces.extend(source.take(stored[group], names))
-        else:
-            pieces.extend(dataset.cold_take(index, source, stored[group], names).to_batches())
+    try:
+        for group in np.split(order, bounds):
+            source = sources[int(files[group[0]])]
+            if isinstance(source, Segment):
+                pieces.extend(source.take(stored[group], names))
+            else:
+                pieces.extend(dataset.cold_take(index, source, stored[group], names).to_batches())
+    finally:
+        dataset.queue_builds(index, [number for number, s in sources.items() if not isinstance(s, Segment)])
     if not segments_only:
         dataset.ensure_fresh(index, touched)  # the source files read must not have changed meanwhile
     inverse = np.empty_like(order)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from app.errors import DatasetError, InvalidInput
@@ -33,6 +34,15 @@ _MAX_BATCH_ROWS = 65_536
 # reads at once: their ranges are fetched together (coalesced, side by side) instead of one GET per row group.
 REMOTE_READ_BYTES = 16 * 1024 * 1024
 BUILD_READ_BATCHES = 4
+# A cold read's row groups in an object are fetched as Arrow's read cache would for a store of 50 ms to first byte
+# and 100 MiB/s: ranges less than ~5 MB apart in one GET (the gap costs less than another request's wait), the
+# GETs side by side. The bytes between the ranges are fetched, not decoded; a read spans at most this many bytes.
+REMOTE_SPAN_BYTES = 64 * 1024 * 1024
+_REMOTE_FORMAT = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+        pre_buffer=True, cache_options=pa.CacheOptions.from_network_metrics(50, 100)
+    )
+)
 
 
 class ParquetSource:
@@ -141,23 +151,47 @@ class ParquetRowGroups:
 
     def __init__(self, path: DatasetPath) -> None:
         self.path = path
+        self.remote = is_remote_path(path)
         with store_reads(path):
-            self.file = pq.ParquetFile(parquet_input(path), pre_buffer=is_remote_path(path))
-        metadata = self.file.metadata
-        counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
-        self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        self.sizes = np.array([metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)])
+            if self.remote:  # the footer read once, for the geometry and every read after it
+                self._fragment = _REMOTE_FORMAT.make_fragment(parquet_input(path))
+                self._fragment.ensure_complete_metadata()
+                metadata, self._names = self._fragment.metadata, set(self._fragment.physical_schema.names)
+            else:
+                self._file = pq.ParquetFile(str(path))
+                metadata, self._names = self._file.metadata, set(self._file.schema_arrow.names)
+        groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+        self.offsets = np.concatenate(([0], np.cumsum([g.num_rows for g in groups]))).astype(np.int64)
+        self.sizes = np.array([g.total_byte_size for g in groups])
+        self.spans = np.array([_byte_span(g) for g in groups], dtype=np.int64).reshape(-1, 2)  # [start, end)
 
     def read(self, groups: list[int], wanted: pa.Schema) -> pa.Table:
-        present = set(self.file.schema_arrow.names)
-        columns = [name for name in wanted.names if name in present]
+        columns = [name for name in wanted.names if name in self._names]
         with store_reads(self.path):
-            return self.file.read_row_groups(groups, columns=columns, use_threads=False)
+            if self.remote:
+                return self._fragment.subset(row_group_ids=groups).to_table(columns=columns, use_threads=False)
+            return self._file.read_row_groups(groups, columns=columns, use_threads=False)
 
     def read_plan(self, groups: np.ndarray) -> list[list[int]]:
-        if not is_remote_path(self.path):
+        if not self.remote:
             return [[group] for group in groups.tolist()]
-        return _runs_within(groups.tolist(), self.sizes, REMOTE_READ_BYTES)
+        plan: list[list[int]] = []
+        for run in _runs_within(groups.tolist(), self.sizes, REMOTE_READ_BYTES):
+            read = [run[0]]
+            for group in run[1:]:  # a read fetches its span of the file whole: keep it bounded
+                if self.spans[group, 1] - self.spans[read[0], 0] <= REMOTE_SPAN_BYTES:
+                    read.append(group)
+                else:
+                    plan.append(read)
+                    read = [group]
+            plan.append(read)
+        return plan
+
+    def fetched_bytes(self, groups: list[int]) -> int:
+        """Bytes of the file a read of `groups` may fetch and hold: their span for an object (gaps included)."""
+        if not self.remote:
+            return 0
+        return int(self.spans[groups[-1], 1] - self.spans[groups[0], 0])
 
 
 def parquet_files(root: DatasetPath, under: DatasetPath) -> list[str]:
@@ -222,6 +256,19 @@ def _batches_by_row_group(parquet: pq.ParquetFile, batch_rows: int, read_bytes: 
                 pending, pending_rows = rest, pending_rows - batch_rows
     if pending_rows:
         yield _one_batch(pending)
+
+
+def _byte_span(group: pq.RowGroupMetaData) -> tuple[int, int]:
+    """Where a row group's column chunks lie in the file: [first byte, end)."""
+    starts, ends = [], []
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        first = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+            first = min(first, chunk.dictionary_page_offset)
+        starts.append(first)
+        ends.append(first + chunk.total_compressed_size)
+    return (min(starts), max(ends)) if starts else (0, 0)
 
 
 def _runs_within(groups: list[int], sizes: np.ndarray, limit: int) -> list[list[int]]:

@@ -191,6 +191,10 @@ class RowGroups(Protocol):
         after another."""
         ...
 
+    def fetched_bytes(self, groups: list[int]) -> int:
+        """Encoded bytes a read of `groups` (one list of `read_plan`) may fetch and hold besides what it decodes."""
+        ...
+
 
 class Source(Protocol):
     """One dataset directory in one format. Implementations: `app.sources.parquet` and the LeRobot formats."""

@@ -43,11 +43,12 @@ class ColdRows:
         return int(self.groups.sizes[self.row_groups(rows)].sum())
 
     def read_memory(self, rows: np.ndarray) -> int:
-        """Memory that reading `rows` takes at its peak, estimated: one read of the plan at a time, and decoding
-        peaks at about five times the uncompressed size read (measured: column chunks as read, pages, decoded
-        arrays)."""
+        """Memory that reading `rows` takes at its peak, estimated: one read of the plan at a time, decoding peaks
+        at about five times the uncompressed size read (measured: column chunks as read, pages, decoded arrays),
+        plus what the read fetches besides (an object's bytes between the wanted row groups)."""
         plan = self.groups.read_plan(self.row_groups(rows))
-        return _DECODE_FACTOR * max((int(self.groups.sizes[groups].sum()) for groups in plan), default=0)
+        costs = (_DECODE_FACTOR * int(self.groups.sizes[g].sum()) + self.groups.fetched_bytes(g) for g in plan)
+        return max(costs, default=0)
 
     def take(self, rows: np.ndarray, schema: pa.Schema, columns: list[str] | None) -> pa.Table:
         """`rows` (ascending stored positions, duplicates allowed) with the dataset's unified `schema`.

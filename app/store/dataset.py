@@ -236,7 +236,7 @@ class Dataset:
 
     def row_sources(self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
         """Per touched file, its segment; or, while the segment is not built yet, its rows read cold from the
-        source (if they fit the cold-read budget) with a build queued in the background."""
+        source (if they fit the cold-read budget), whose build `queue_builds` then queues in the background."""
         budget = self.limits.cold_read_bytes
         sources: dict[int, RowSource] = {}
         for number in np.unique(files).tolist():
@@ -252,10 +252,16 @@ class Dataset:
                 if cost <= budget:
                     budget -= cost
                     sources[number] = cold
-                    self.segments.build_in_background(source, index.schema)
                     continue
             sources[number] = segment or self._built(source, index.schema)
         return sources
+
+    def queue_builds(self, index: EpisodeIndex, numbers: Iterable[int]) -> None:
+        """Queue the background builds of source files `numbers`' segments. A cold read queues them once its rows
+        are read: started before, the builds' reads of the same files would compete with it for the disk or the
+        store (and the first batch would wait)."""
+        for number in numbers:
+            self.segments.build_in_background(index.files[number], index.schema)
 
     def _built(self, source: SourceFingerprint, schema: pa.Schema) -> Segment:
         """The segment of `source`, built first if needed."""
