@@ -424,6 +424,25 @@ def _behind_proxy(
             yield proxy, http
 
 
+def _upload_states(
+    s3: S3Server, source: Path, key: str, *, episodes: int, rows: int, row_group_size: int, seed: int
+) -> pa.Table:
+    """A generic dataset of `rows` rows (8-float states, episodes of equal length) written to `source` in row
+    groups of `row_group_size` and uploaded below `key`; returns its table."""
+    table = pa.table(
+        {
+            "episode_index": np.repeat(np.arange(episodes), rows // episodes),
+            "observation.state": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.random.default_rng(seed).random(rows * 8, dtype=np.float32)), 8
+            ),
+        }
+    )
+    source.mkdir()
+    pq.write_table(table, source / "part-0.parquet", row_group_size=row_group_size)
+    s3.upload(source, key)
+    return table
+
+
 def _data_files(dataset: Path) -> list[str]:
     return sorted(p.relative_to(dataset).as_posix() for p in (dataset / "data").rglob("*.parquet"))
 
@@ -495,17 +514,7 @@ def test_a_slow_store_answers_503_naming_the_object_within_the_wait_bound_and_se
 ) -> None:
     source = tmp_path / "slow"
     rows = 20_000
-    table = pa.table(
-        {
-            "episode_index": np.repeat(np.arange(20), rows // 20),
-            "observation.state": pa.FixedSizeListArray.from_arrays(
-                pa.array(np.random.default_rng(1).random(rows * 8, dtype=np.float32)), 8
-            ),
-        }
-    )
-    source.mkdir()
-    pq.write_table(table, source / "part-0.parquet", row_group_size=500)  # 40 row groups
-    s3.upload(source, "slow/slow")
+    table = _upload_states(s3, source, "slow/slow", episodes=20, rows=rows, row_group_size=500, seed=1)  # 40 groups
     name = f"s3://{BUCKET}/slow/slow/part-0.parquet"
     spread = list(range(0, rows, 500))  # a row of each row group: a cold take reads all 40
     requests = {
@@ -539,17 +548,7 @@ def test_cold_reads_and_builds_fetch_many_row_groups_in_few_requests(s3: S3Serve
     of a shuffled batch, and a build, one round trip per row group."""
     source = tmp_path / "many"
     rows = 12_000
-    table = pa.table(
-        {
-            "episode_index": np.repeat(np.arange(60), rows // 60),
-            "observation.state": pa.FixedSizeListArray.from_arrays(
-                pa.array(np.random.default_rng(2).random(rows * 8, dtype=np.float32)), 8
-            ),
-        }
-    )
-    source.mkdir()
-    pq.write_table(table, source / "part-0.parquet", row_group_size=200)  # 60 row groups
-    s3.upload(source, "many/many")
+    table = _upload_states(s3, source, "many/many", episodes=60, rows=rows, row_group_size=200, seed=2)  # 60 groups
     spread = list(range(7, rows, 200))  # a row of every row group
     with _behind_proxy(s3, "many", tmp_path / "cache", EPISERVE_COLD_READ_BYTES=1 << 30) as (proxy, http):
         assert http.get("/datasets/many").status_code == 200  # the index is loaded
