@@ -21,7 +21,7 @@ from app.api.ui import install_viewer
 from app.auth import TokenVerifier
 from app.demo import ensure_demo_dataset
 from app.logs import configure_logging
-from app.settings import Settings
+from app.settings import Settings, is_remote_root
 from app.sources import DatasetPath
 from app.store.catalog import Catalog, locate_roots
 from app.store.segments import stop_background_builds
@@ -76,7 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_problem_handlers(app)
     install_problem_schema(app)
     # Health and metrics stay lenient about their query: probes and scrapers add cache-busting parameters.
-    protected = [Depends(require_token), Depends(reject_unknown_query), Depends(bound_store_waits)]
+    protected = [Depends(require_token), Depends(reject_unknown_query)]
+    if any(isinstance(root, str) and is_remote_root(root) for root in settings.roots):
+        protected.append(Depends(bound_store_waits))  # no per-request deadline to set where no store is read
     # Every data endpoint may answer these: a missing or wrong token, invalid input, and a catalog still loading
     # or a dataset unreadable.
     guarded = problem_responses(401, 403, 422, 503)

@@ -76,8 +76,6 @@ def _pieces(target: _Target, start: int, stop: int) -> list[memoryview] | None:
     whole = memoryview(target.array.reshape(-1).view(np.uint8))
     width = target.row_bytes
     first, last = start // width, (stop - 1) // width
-    if not any(first <= row <= last for row in target.sources):
-        return None
     pieces: list[memoryview] = []
     run_start = start  # the start of the current run of filled bytes
     for row in range(first, last + 1):
@@ -89,6 +87,8 @@ def _pieces(target: _Target, start: int, stop: int) -> list[memoryview] | None:
             pieces.append(whole[run_start:low])
         pieces.append(memoryview(source.reshape(-1).view(np.uint8))[low - row * width : high - row * width])
         run_start = high
+    if run_start == start:
+        return None  # no pending row in the range
     if run_start < stop:
         pieces.append(whole[run_start:stop])
     return pieces

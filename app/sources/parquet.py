@@ -163,7 +163,8 @@ class ParquetRowGroups:
         groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
         self.offsets = np.concatenate(([0], np.cumsum([g.num_rows for g in groups]))).astype(np.int64)
         self.sizes = np.array([g.total_byte_size for g in groups])
-        self.spans = np.array([_byte_span(g) for g in groups], dtype=np.int64).reshape(-1, 2)  # [start, end)
+        # Where each group lies in the file, [start, end): what an object's read plan bounds (unused locally).
+        self.spans = np.array([_byte_span(g) for g in groups] if self.remote else [], dtype=np.int64).reshape(-1, 2)
 
     def read(self, groups: list[int], wanted: pa.Schema) -> pa.Table:
         columns = [name for name in wanted.names if name in self._names]
