@@ -156,6 +156,30 @@ def test_dataloader_workers_get_channels_first_frames(video_root: Path, video_se
     assert seen == len(dataset)
 
 
+def test_frames_of_batches_held_across_epochs_stay_intact(video_root: Path, video_server: ServerProcess) -> None:
+    """Workers write later batches into shared memory the main process has dropped (`episerve._shared_blocks`):
+    batches dropped at once, then batches all held, then every held batch checked once more at the end."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    dataset = episerve.EpisodeDataset(video_server.url, "cams-v3", columns=["episode_index", "frame_index", TOP_CAMERA])
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2, collate_fn=episerve.collate)
+
+    def expected(batch: dict) -> np.ndarray:
+        rows = zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)
+        return frames_for_rows(video_root / "cams-v3", TOP_CAMERA, rows).transpose(0, 3, 1, 2)
+
+    held = []
+    for epoch in range(3):
+        for batch in loader:
+            assert np.array_equal(batch[TOP_CAMERA].numpy(), expected(batch))
+            assert batch[TOP_CAMERA].is_shared() or len(batch[TOP_CAMERA]) < 16  # full batches: in shared memory
+            if epoch > 0:
+                held.append(batch)
+    assert len(held) == 2 * len(loader)
+    assert all(np.array_equal(batch[TOP_CAMERA].numpy(), expected(batch)) for batch in held)
+
+
 class _IterableFramesInSharedMemory(episerve.EpisodeIterableDataset):
     """Reports whether each batch a DataLoader worker yields holds its frames in shared memory."""
 

@@ -19,6 +19,8 @@ import math
 import sys
 from typing import Any
 
+from episerve import _shared_blocks as shared_blocks
+
 _ALIGN = 64
 INLINE_BLOCK_BYTES = 256 * 1024
 
@@ -37,6 +39,16 @@ class TensorBatch(dict):
         return TensorBatch({name: copy.deepcopy(value, memo) for name, value in self.items()})
 
     def __reduce__(self) -> tuple[Any, ...]:
+        reduced = self._reduce()
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return reduced
+        rebuild, args = reduced
+        values = args[0] if rebuild is dict else {**args[2], **_first_packed(rebuild, args)}
+        pooled = shared_blocks.tickets({k: v for k, v in values.items() if isinstance(v, torch.Tensor)})
+        return (_watched, (rebuild, args, pooled)) if pooled else reduced
+
+    def _reduce(self) -> tuple[Any, ...]:
         torch = sys.modules.get("torch")  # tensors only exist once torch is imported
         packed = {}
         if torch is not None:  # tensors already in shared memory travel as they are: one descriptor, no copy
@@ -79,7 +91,11 @@ def _fill(block: Any, layout: Layout, tensors: dict[str, Any]) -> None:
 def shared_empty(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     """An uninitialised tensor in shared memory: a DataLoader worker that writes a large column there directly
     (`TensorBatch` then passes it without packing it) saves a copy of it and the page faults of a second
-    allocation. A plain tensor where shared memory cannot be had."""
+    allocation; in a worker it lies in a block the worker reuses (`episerve._shared_blocks`). A plain tensor
+    where shared memory cannot be had."""
+    pool = shared_blocks.worker_pool(torch)
+    if pool is not None:
+        return pool.empty(shape, dtype)
     size = math.prod(shape) * dtype.itemsize
     try:
         return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(size), 0, shape)
@@ -91,10 +107,23 @@ def _shared_block(torch: Any, size: int) -> Any:
     """`size` bytes allocated in shared memory, which torch's pickler then passes as they are: a block allocated
     privately would be copied into shared memory once more when pickled (236 MB a batch of 64 float32 480x640
     frames)."""
-    try:
-        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
-    except (AttributeError, RuntimeError):  # a torch without it: its pickler copies the block instead
-        return torch.empty(size, dtype=torch.uint8)
+    return shared_empty(torch, (size,), torch.uint8)  # a torch without shared storages: its pickler copies it
+
+
+def _first_packed(rebuild: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """A packed tensor, as the one by which the block's ticket is known ({} when the pickle carries the bytes)."""
+    if rebuild is not _unpack:
+        return {}
+    block, layout = args[0], args[1]
+    name, dtype, shape, offset = layout[0]
+    return {name: _view(block, dtype, shape, offset)}
+
+
+def _watched(rebuild: Any, args: tuple[Any, ...], pooled: list[Any]) -> dict[str, Any]:
+    """The batch `rebuild(*args)` makes, its pooled blocks watched until nothing holds them (`_shared_blocks`)."""
+    batch = rebuild(*args)
+    shared_blocks.receive(batch, pooled)
+    return batch
 
 
 def _unpack_bytes(data: bytearray, layout: Layout, others: dict[str, Any], order: list[str]) -> dict[str, Any]:

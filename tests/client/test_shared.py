@@ -10,6 +10,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -186,3 +187,68 @@ def test_a_single_small_tensor_and_empty_batches_travel_intact() -> None:
                 assert received[name].dtype == value.dtype and torch.equal(received[name], value)
             else:
                 assert received[name] == value
+
+
+class _FilledFrames:
+    """A map-style dataset whose batches carry a large column written straight into shared memory (as the client
+    writes camera frames), filled with the batch's first index, and a large packed block (`state`)."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitems__(self, indices: list[int]) -> TensorBatch:
+        frames = shared_empty(torch, (4, 3, 128, 128), torch.uint8)
+        frames.fill_(indices[0] % 251)
+        rows = INLINE_BLOCK_BYTES // 64 + 1
+        state = torch.full((rows, 16), float(indices[0]))
+        return TensorBatch(frames=frames, state=state, index=torch.tensor(indices))
+
+
+def shared_memory_file(tensor: torch.Tensor) -> int:
+    """The inode of the shared-memory file a tensor lies in (the same for a block that is used again)."""
+    import os
+
+    fd, _ = tensor.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+def intact(batch: dict) -> bool:
+    first = int(batch["index"][0])
+    return bool((batch["frames"] == first % 251).all()) and bool((batch["state"] == first).all())
+
+
+def test_workers_write_later_batches_into_blocks_the_main_process_has_dropped() -> None:
+    from episerve._shared_blocks import POOL_SLOTS
+
+    loader = DataLoader(_FilledFrames(), batch_size=1, num_workers=2, collate_fn=lambda batch: batch)
+    files, firsts = set(), []
+    for batch in loader:  # each batch is dropped when the next one arrives
+        assert intact(batch)
+        files |= {shared_memory_file(batch["frames"]), shared_memory_file(batch["state"])}
+        firsts.append(int(batch["index"][0]))
+    assert sorted(firsts) == list(range(48))
+    assert len(files) <= 2 * POOL_SLOTS < 2 * 48  # 96 blocks handed over in at most 16 files
+
+
+def test_blocks_the_main_process_holds_are_never_written_again() -> None:
+    loader = DataLoader(_FilledFrames(), batch_size=1, num_workers=2, collate_fn=lambda batch: batch)
+    held, views, files = [], [], set()
+    for number, batch in enumerate(loader):
+        files.add(shared_memory_file(batch["frames"]))
+        if number % 3 == 0:
+            held.append(batch)  # the whole batch
+        elif number % 3 == 1:
+            views.append((int(batch["index"][0]), batch["frames"][2:].numpy()))  # only a numpy view of a part
+    assert all(intact(batch) for batch in held)
+    assert all((view == first % 251).all() for first, view in views)
+    assert len(files) >= len(held) + len(views)  # every block still held is its own
+
+
+def test_reuse_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPISERVE_REUSE_SHARED_MEMORY", "0")
+    loader = DataLoader(_FilledFrames(), batch_size=1, num_workers=2, collate_fn=lambda batch: batch)
+    files = set()
+    for batch in loader:
+        assert intact(batch)
+        files.add(shared_memory_file(batch["frames"]))
+    assert len(files) == 48
