@@ -366,3 +366,31 @@ def test_responses_over_the_frame_byte_limit_are_413_stating_the_rows_that_fit_a
         rows = [(5, i) for i in batch.data["frame_index"].tolist()]
         expected = frames_for_rows(video_root / "cams-v3", TOP_CAMERA, rows)
         assert len(frames) == len(dataset) > 10 and np.array_equal(np.asarray(frames), expected.transpose(0, 3, 1, 2))
+
+
+def test_scattered_reads_decoded_side_by_side_equal_the_oracle(video_root: Path) -> None:
+    """A shuffled batch's frames of one file are cut into parts decoded at once on separate decoders; every
+    frame equals an independent decode, and a run of consecutive frames is decoded in one pass."""
+    from app.sources.decoders import DecoderPool
+    from app.sources.video import SIDE_BY_SIDE, decode_nearest_side_by_side, video_features
+    from tests.video_oracle import decode_video
+
+    dataset = video_root / "cams-v3"
+    feature = video_features(orjson.loads((dataset / "meta/info.json").read_bytes()))[TOP_CAMERA]
+    video = episode_video(dataset, TOP_CAMERA, 0)
+    file_times, file_frames = decode_video(video.path)
+    rel = str(video.path.relative_to(dataset))
+    rng = np.random.default_rng(5)
+    picked = np.sort(rng.choice(len(file_times), size=min(len(file_times), 48), replace=False))
+    times = file_times[picked] + 1e-6  # a hair past each frame, as float32 timestamps are
+    decoders = DecoderPool()
+    out = np.zeros((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+    places = [np.array([i]) for i in range(len(times))]
+    found = decode_nearest_side_by_side(out, places, dataset, rel, times, feature, decoders)
+    assert np.array_equal(out, file_frames[picked]) and np.allclose(found, file_times[picked])
+    assert decoders.opened == min(SIDE_BY_SIDE, len(times) // 8)  # scattered: one decoder per part
+    run = np.arange(20)
+    out = np.zeros((len(run), feature.height, feature.width, 3), dtype=np.uint8)
+    decoders = DecoderPool()
+    decode_nearest_side_by_side(out, [np.array([i]) for i in run], dataset, rel, file_times[run], feature, decoders)
+    assert np.array_equal(out, file_frames[run]) and decoders.opened == 1

@@ -13,7 +13,7 @@ from app.reads.episode_spec import EpisodeRanges, resolve_episodes
 from app.reads.pending_copies import PendingCopies
 from app.reads.takes import take_rows
 from app.sources.source import EpisodeClip, Source, VideoFeature
-from app.sources.video import FRAME, PTS, check_tolerance, decode_nearest_into, frame_schema, nearest_rows
+from app.sources.video import FRAME, PTS, check_tolerance, decode_nearest_side_by_side, frame_schema, nearest_rows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
 from app.store.segments import Segment
@@ -108,7 +108,7 @@ def _frames(
             if not may_block:
                 raise WouldBlock("camera frames are decoded off the event loop")
             places = _places(positions, picks, len(times))
-            at = decode_nearest_into(frames, places, dataset.path, path, times, feature, dataset.decoders)
+            at = decode_nearest_side_by_side(frames, places, dataset.path, path, times, feature, dataset.decoders)
         else:
             pictures, batch_of, row_in_batch, at = _nearest_in_segment(segment, times, feature)
             if deferred is not None:

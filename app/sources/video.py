@@ -8,7 +8,11 @@ to `t` in the episode's own file (v2.1); farther than `tolerance_s` is an error,
 
 from __future__ import annotations
 
+import itertools
+import os
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent import futures
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -84,6 +88,52 @@ def decode_nearest_into(
     if np.isnan(picked_at).any():
         raise DatasetError(f"video file {rel!r} holds no frames")
     return picked_at
+
+
+def decode_nearest_side_by_side(
+    out: np.ndarray,
+    places: Sequence[np.ndarray],
+    root: DatasetPath,
+    rel: str,
+    times: np.ndarray,
+    feature: VideoFeature,
+    decoders: DecoderPool,
+) -> np.ndarray:
+    """`decode_nearest_into`, with a scattered read of many times (a shuffled batch's frames of one file) cut into
+    up to `SIDE_BY_SIDE` parts of ascending times, decoded at once on separate decoders in `decoding_threads()`.
+
+    Each frame of a scattered read costs a seek and a decode from its keyframe anyway, so cutting it costs
+    nothing; the request's decoding then uses the cores that other requests leave idle (while a client receives
+    and converts its previous batch, say) instead of one. Runs of consecutive frames are decoded in one pass, as
+    they continue from keyframe to keyframe without seeking."""
+    frame_s = 1.0 / (feature.fps or 10.0)
+    count = min(SIDE_BY_SIDE, len(times) // MIN_PART_FRAMES)
+    if count < 2 or _is_run(times, frame_s):
+        return decode_nearest_into(out, places, root, rel, times, feature, decoders)
+    bounds = np.linspace(0, len(times), count + 1).round().astype(int).tolist()
+    parts = [
+        decoding_threads().submit(
+            decode_nearest_into, out, places[low:high], root, rel, times[low:high], feature, decoders
+        )
+        for low, high in itertools.pairwise(bounds)
+    ]
+    futures.wait(parts)  # every part has stopped writing into `out` before an error leaves
+    return np.concatenate([part.result() for part in parts])
+
+
+SIDE_BY_SIDE = min(4, os.cpu_count() or 1)
+MIN_PART_FRAMES = 8
+_threads: tuple[int, futures.ThreadPoolExecutor] | None = None
+_threads_lock = threading.Lock()
+
+
+def decoding_threads() -> futures.ThreadPoolExecutor:
+    """This process's threads for the parts of scattered reads (made anew in a forked child)."""
+    global _threads
+    with _threads_lock:
+        if _threads is None or _threads[0] != os.getpid():
+            _threads = (os.getpid(), futures.ThreadPoolExecutor(SIDE_BY_SIDE, thread_name_prefix="decode"))
+        return _threads[1]
 
 
 RUN_FRAMES = 16  # a read of at least this many mostly consecutive frames is a run (see `DecoderPool`)
