@@ -3,7 +3,8 @@ file (a row per dataset row: `index` and the frame's raw (H, W, 3) pixels) and r
 
 `MmapFrames.__getitems__` answers a DataLoader batch the way episerve's client does, minus the network: each
 frame copied once from the map into the batch, then turned channels-first (the client's `(B, C, H, W)`), and
-handed to the main process as one block (`TensorBatch`). The file is opened lazily in each DataLoader worker.
+handed to the main process as one block (`TensorBatch`, whose workers reuse their shared-memory blocks as
+episerve's do), so the two differ by the network alone. The file is opened lazily in each DataLoader worker.
 """
 
 from __future__ import annotations
