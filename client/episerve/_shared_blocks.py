@@ -57,6 +57,10 @@ class WorkerPool:
         self._numbers = self._control.numpy()
         self._control_sent = False
         self._blocks: list[Any] = [None] * POOL_SLOTS
+        # per slot: handed out by `empty` and not sent with a ticket since. Such a block may have left the worker
+        # without one (a collate_fn or transform that returns a plain tuple or dict of its tensors), so nothing
+        # tells when the receiver is done with it: it is dropped from the pool instead of being written again.
+        self._untracked = [False] * POOL_SLOTS
         self._lock = threading.Lock()
         self.reused = 0  # blocks written again instead of allocated (for tests and diagnostics)
         self.allocated = 0
@@ -74,13 +78,18 @@ class WorkerPool:
         for slot in free:
             if nbytes <= self._blocks[slot].nbytes() <= 2 * nbytes:  # larger: it would travel whole
                 self.reused += 1
-                return self._blocks[slot]
+                return self._lend(slot)
         storage = self._torch.UntypedStorage._new_shared(nbytes)
         self.allocated += 1
         vacant = [slot for slot, block in enumerate(self._blocks) if block is None] or free
         if vacant:
             self._blocks[vacant[0]] = storage  # replaces a free block of another size, if any
+            self._lend(vacant[0])
         return storage
+
+    def _lend(self, slot: int) -> Any:
+        self._untracked[slot] = True
+        return self._blocks[slot]
 
     def ticket(self, storage: Any) -> Ticket | None:
         """The ticket for sending `storage`, if it is a pooled block."""
@@ -91,6 +100,7 @@ class WorkerPool:
     def _ticket(self, address: int) -> Ticket | None:
         for slot, block in enumerate(self._blocks):
             if block is not None and block.data_ptr() == address:
+                self._untracked[slot] = False
                 self._numbers[slot, _SENT] += 1
                 control = None
                 if not self._control_sent:
@@ -99,8 +109,12 @@ class WorkerPool:
         return None
 
     def _free(self, slot: int) -> bool:
-        released = self._numbers[slot, _RELEASED] == self._numbers[slot, _SENT]
-        return bool(released) and self._use_count(self._blocks[slot]._cdata) == 1
+        if self._use_count(self._blocks[slot]._cdata) != 1:
+            return False
+        if self._untracked[slot]:  # let go of without a ticket: perhaps sent without one (see `__init__`)
+            self._blocks[slot], self._untracked[slot] = None, False
+            return False
+        return bool(self._numbers[slot, _RELEASED] == self._numbers[slot, _SENT])
 
 
 class Releases:

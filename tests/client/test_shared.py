@@ -252,3 +252,19 @@ def test_reuse_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
         assert intact(batch)
         files.add(shared_memory_file(batch["frames"]))
     assert len(files) == 48
+
+
+def _frames_and_index(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch["frames"], batch["index"]
+
+
+def test_blocks_sent_outside_a_tensor_batch_are_never_written_again() -> None:
+    """A collate_fn (or transform) that hands out a pooled block's tensors in a plain tuple sends them without a
+    ticket: the worker cannot tell when the main process is done with them, so it must not write them again."""
+    loader = DataLoader(_FilledFrames(), batch_size=1, num_workers=2, collate_fn=_frames_and_index)
+    held = []
+    for frames, index in loader:
+        assert (frames == int(index[0]) % 251).all()  # not overwritten while on its way
+        held.append((int(index[0]), frames))
+    assert sorted(first for first, _ in held) == list(range(48))
+    assert all((frames == first % 251).all() for first, frames in held)
