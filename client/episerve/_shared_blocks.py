@@ -23,6 +23,7 @@ done with them: such code must copy them, or turn reuse off with `EPISERVE_REUSE
 from __future__ import annotations
 
 import math
+import multiprocessing.util
 import os
 import secrets
 import threading
@@ -116,6 +117,13 @@ class WorkerPool:
             return False
         return bool(self._numbers[slot, _RELEASED] == self._numbers[slot, _SENT])
 
+    def close(self) -> None:
+        """Let go of every block and the control block. A worker ends with `os._exit`, which frees no object: under
+        torch's "file_system" sharing strategy each block it still held would stay in /dev/shm for as long as the
+        main process runs."""
+        with self._lock:  # no slots left: a block asked for later (a batch still being pickled) is not pooled
+            self._blocks, self._control, self._numbers = [], None, None
+
 
 class Releases:
     """The receiving side: pooled blocks watched until nothing holds them, then released to their worker."""
@@ -180,6 +188,7 @@ def worker_pool(torch: Any) -> WorkerPool | None:
                 _pool = WorkerPool(torch)
             except (AttributeError, RuntimeError):
                 return None
+            multiprocessing.util.Finalize(None, _pool.close, exitpriority=0)  # run as the worker process ends
         return _pool
 
 

@@ -268,3 +268,31 @@ def test_blocks_sent_outside_a_tensor_batch_are_never_written_again() -> None:
         held.append((int(index[0]), frames))
     assert sorted(first for first, _ in held) == list(range(48))
     assert all((frames == first % 251).all() for first, frames in held)
+
+
+class _FramesOfWorker(_FilledFrames):
+    def __getitems__(self, indices: list[int]) -> TensorBatch:
+        import os
+
+        batch = _FilledFrames.__getitems__(self, indices)
+        batch["worker"] = torch.tensor(os.getpid())
+        return batch
+
+
+def test_ended_workers_leave_no_blocks_behind_with_the_file_system_strategy() -> None:
+    """Under "file_system" a block lives in /dev/shm until every process holding it lets go; a worker ends with
+    `os._exit`, so its pool must let go of its blocks before."""
+    import os
+
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        loader = DataLoader(_FramesOfWorker(), batch_size=1, num_workers=2, collate_fn=lambda batch: batch)
+        first_workers = {int(batch["worker"]) for batch in loader}
+        for batch in loader:  # new workers; the main process forgets the first ones' control blocks
+            assert intact(batch)
+        del batch
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)
+    left = [name for name in os.listdir("/dev/shm") if any(name.startswith(f"torch_{pid}_") for pid in first_workers)]
+    assert len(first_workers) == 2 and left == []
