@@ -31,6 +31,7 @@ from typing import Any
 
 REUSE_VARIABLE = "EPISERVE_REUSE_SHARED_MEMORY"
 POOL_SLOTS = 8  # per worker: blocks in flight (DataLoader prefetch), held by the training loop, and free
+KEPT_FREE = 3  # free blocks kept beyond the one a batch takes: the rest of a burst's blocks go back at once
 _SENT, _RELEASED = 0, 1
 
 Ticket = tuple[int, int, int, int, Any]  # pool token, owner pid, slot, hand-over number, control block or None
@@ -76,17 +77,29 @@ class WorkerPool:
 
     def _storage(self, nbytes: int) -> Any:
         free = [slot for slot, block in enumerate(self._blocks) if block is not None and self._free(slot)]
-        for slot in free:
-            if nbytes <= self._blocks[slot].nbytes() <= 2 * nbytes:  # larger: it would travel whole
-                self.reused += 1
-                return self._lend(slot)
-        storage = self._torch.UntypedStorage._new_shared(nbytes)
-        self.allocated += 1
-        vacant = [slot for slot, block in enumerate(self._blocks) if block is None] or free
-        if vacant:
-            self._blocks[vacant[0]] = storage  # replaces a free block of another size, if any
-            self._lend(vacant[0])
+        # the smallest that fits (a larger one is left for larger needs), never over twice the need (the whole block
+        # travels with a batch)
+        fitting = [slot for slot in free if nbytes <= self._blocks[slot].nbytes() <= 2 * nbytes]
+        chosen = min(fitting, key=lambda slot: self._blocks[slot].nbytes()) if fitting else None
+        if chosen is not None:
+            self.reused += 1
+            storage = self._lend(chosen)
+        else:
+            storage = self._torch.UntypedStorage._new_shared(nbytes)
+            self.allocated += 1
+            vacant = [slot for slot, block in enumerate(self._blocks) if block is None] or free
+            if vacant:
+                chosen = vacant[0]
+                self._blocks[chosen] = storage  # replaces a free block of another size, if any
+                self._lend(chosen)
+        for slot in [slot for slot in free if slot != chosen][KEPT_FREE:]:
+            self._blocks[slot] = None  # more free blocks than the next batches need: their memory goes back
         return storage
+
+    def idle_blocks(self) -> int:
+        """How many pooled blocks are free now (for tests and diagnostics)."""
+        with self._lock:
+            return sum(1 for slot, block in enumerate(self._blocks) if block is not None and self._free(slot))
 
     def _lend(self, slot: int) -> Any:
         self._untracked[slot] = True
