@@ -394,3 +394,46 @@ def test_scattered_reads_decoded_side_by_side_equal_the_oracle(video_root: Path)
     decoders = DecoderPool()
     decode_nearest_side_by_side(out, [np.array([i]) for i in run], dataset, rel, file_times[run], feature, decoders)
     assert np.array_equal(out, file_frames[run]) and decoders.opened == 1
+
+
+def test_a_scattered_read_of_a_truncated_file_fails_or_succeeds_as_one_pass_does(
+    video_root: Path, tmp_path: Path
+) -> None:
+    """A file cut short (index first, so what remains still opens): parts of a side-by-side read that lie past its
+    decodable end give the answer a single pass gives: a problem saying where the decodable frames end."""
+    import av
+
+    from app.errors import DatasetError, InvalidInput
+    from app.sources.decoders import DecoderPool
+    from app.sources.video import check_tolerance, decode_nearest_into, decode_nearest_side_by_side, video_features
+    from tests.video_oracle import decode_video
+
+    dataset = video_root / "cams-v3"
+    feature = video_features(orjson.loads((dataset / "meta/info.json").read_bytes()))[TOP_CAMERA]
+    source = episode_video(dataset, TOP_CAMERA, 0).path
+    file_times, _ = decode_video(source)
+    whole = tmp_path / "whole.mp4"
+    with av.open(str(source)) as given, av.open(str(whole), "w", options={"movflags": "faststart"}) as remuxed:
+        stream = remuxed.add_stream_from_template(given.streams.video[0], opaque=True)
+        for packet in given.demux(given.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                remuxed.mux(packet)
+    (tmp_path / "cut.mp4").write_bytes(whole.read_bytes()[: whole.stat().st_size * 6 // 10])
+    times = np.sort(np.random.default_rng(2).choice(file_times, size=40, replace=False)) + 1e-6
+
+    def outcome(decode) -> tuple[str, np.ndarray | None]:
+        out = np.zeros((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+        places = [np.array([i]) for i in range(len(times))]
+        try:
+            found = decode(out, places, tmp_path, "cut.mp4", times, feature, DecoderPool())
+            check_tolerance(TOP_CAMERA, np.zeros(len(times)), np.arange(len(times)), times, found, 1e-4)
+        except (DatasetError, InvalidInput) as exc:
+            return f"{type(exc).__name__}: {exc}", None
+        return "frames", out
+
+    one_pass, side_by_side = outcome(decode_nearest_into), outcome(decode_nearest_side_by_side)
+    assert side_by_side[0] == one_pass[0]
+    assert "no decodable frame near" in side_by_side[0] and "may be truncated" in side_by_side[0]
+    if one_pass[1] is not None:
+        assert np.array_equal(side_by_side[1], one_pass[1])

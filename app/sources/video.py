@@ -55,9 +55,11 @@ def decode_nearest_into(
     times: np.ndarray,
     feature: VideoFeature,
     decoders: DecoderPool,
+    require_frames: bool = True,
 ) -> np.ndarray:
     """Decode the frame nearest to each of `times` (seconds, ascending) into `out` at the positions `places[i]`
-    (one or more per time), and return the presentation times of the frames found.
+    (one or more per time), and return the presentation times of the frames found (NaN where decoding from the
+    keyframe before them found no frame at all, an error unless `require_frames` is False).
 
     One forward pass from the keyframe at or before the first time (or on from where the last read of the file
     stopped, see `app.sources.decoders`); each frame picked is converted to RGB once, straight into its first place
@@ -85,9 +87,18 @@ def decode_nearest_into(
             picked_at = decoder.nearest(times, frame_s, keep)
     except (OSError, av.error.FFmpegError) as exc:
         raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
-    if np.isnan(picked_at).any():
-        raise DatasetError(f"video file {rel!r} holds no frames")
+    if require_frames and np.isnan(picked_at).any():
+        raise DatasetError(_no_frames(rel, times, picked_at))
     return picked_at
+
+
+def _no_frames(rel: str, times: np.ndarray, picked_at: np.ndarray) -> str:
+    """Why some of `times` found no frame: the file has none, or none can be decoded from some point on."""
+    missing = np.isnan(picked_at)
+    if missing.all():
+        return f"video file {rel!r} holds no frames"
+    first = float(times[np.flatnonzero(missing)[0]])
+    return f"video file {rel!r} has no decodable frame near {first:.6f} s (the file may be truncated)"
 
 
 def decode_nearest_side_by_side(
@@ -113,12 +124,15 @@ def decode_nearest_side_by_side(
     bounds = np.linspace(0, len(times), count + 1).round().astype(int).tolist()
     parts = [
         decoding_threads().submit(
-            decode_nearest_into, out, places[low:high], root, rel, times[low:high], feature, decoders
+            decode_nearest_into, out, places[low:high], root, rel, times[low:high], feature, decoders, False
         )
         for low, high in itertools.pairwise(bounds)
     ]
     futures.wait(parts)  # every part has stopped writing into `out` before an error leaves
-    return np.concatenate([part.result() for part in parts])
+    picked_at = np.concatenate([part.result() for part in parts])
+    if np.isnan(picked_at).any():  # a part past the file's decodable end (a truncated file): as one pass has it
+        return decode_nearest_into(out, places, root, rel, times, feature, decoders)
+    return picked_at
 
 
 SIDE_BY_SIDE = min(4, os.cpu_count() or 1)
