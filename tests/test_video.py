@@ -372,7 +372,7 @@ def test_scattered_reads_decoded_side_by_side_equal_the_oracle(video_root: Path)
     """A shuffled batch's frames of one file are cut into parts decoded at once on separate decoders; every
     frame equals an independent decode, and a run of consecutive frames is decoded in one pass."""
     from app.sources.decoders import DecoderPool
-    from app.sources.video import SIDE_BY_SIDE, decode_nearest_side_by_side, video_features
+    from app.sources.video import SIDE_BY_SIDE, decode_nearest_side_by_side, part_bounds, video_features
     from tests.video_oracle import decode_video
 
     dataset = video_root / "cams-v3"
@@ -388,7 +388,11 @@ def test_scattered_reads_decoded_side_by_side_equal_the_oracle(video_root: Path)
     places = [np.array([i]) for i in range(len(times))]
     found = decode_nearest_side_by_side(out, places, dataset, rel, times, feature, decoders)
     assert np.array_equal(out, file_frames[picked]) and np.allclose(found, file_times[picked])
-    assert decoders.opened == min(SIDE_BY_SIDE, len(times) // 8)  # scattered: one decoder per part
+    parts = min(SIDE_BY_SIDE, len(times) // 8)
+    cut = part_bounds(times, 1 / feature.fps)
+    assert len(cut) == parts + 1 and cut[0] == 0 and cut[-1] == len(times)  # scattered: cut into parts
+    assert 1 <= decoders.opened <= parts  # a part that starts after another has ended takes its decoder
+    assert part_bounds(file_times[:20], 1 / feature.fps) == [0, 20]  # a run: one pass
     run = np.arange(20)
     out = np.zeros((len(run), feature.height, feature.width, 3), dtype=np.uint8)
     decoders = DecoderPool()

@@ -117,11 +117,9 @@ def decode_nearest_side_by_side(
     nothing; the request's decoding then uses the cores that other requests leave idle (while a client receives
     and converts its previous batch, say) instead of one. Runs of consecutive frames are decoded in one pass, as
     they continue from keyframe to keyframe without seeking."""
-    frame_s = 1.0 / (feature.fps or 10.0)
-    count = min(SIDE_BY_SIDE, len(times) // MIN_PART_FRAMES)
-    if count < 2 or _is_run(times, frame_s):
+    bounds = part_bounds(times, 1.0 / (feature.fps or 10.0))
+    if len(bounds) < 3:
         return decode_nearest_into(out, places, root, rel, times, feature, decoders)
-    bounds = np.linspace(0, len(times), count + 1).round().astype(int).tolist()
     parts = [
         decoding_threads().submit(
             decode_nearest_into, out, places[low:high], root, rel, times[low:high], feature, decoders, False
@@ -133,6 +131,15 @@ def decode_nearest_side_by_side(
     if np.isnan(picked_at).any():  # a part past the file's decodable end (a truncated file): as one pass has it
         return decode_nearest_into(out, places, root, rel, times, feature, decoders)
     return picked_at
+
+
+def part_bounds(times: np.ndarray, frame_s: float) -> list[int]:
+    """Where a read of `times` (ascending) is cut for `decode_nearest_side_by_side`: [0, ..., len(times)], one
+    part (no cut) for a run of consecutive frames or too few times."""
+    count = min(SIDE_BY_SIDE, len(times) // MIN_PART_FRAMES)
+    if count < 2 or _is_run(times, frame_s):
+        return [0, len(times)]
+    return np.linspace(0, len(times), count + 1).round().astype(int).tolist()
 
 
 SIDE_BY_SIDE = min(4, os.cpu_count() or 1)
