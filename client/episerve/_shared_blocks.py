@@ -53,7 +53,7 @@ class WorkerPool:
         self._use_count = torch._C._storage_Use_Count
         self.token = secrets.randbits(62)
         self.pid = os.getpid()
-        control = torch.zeros(0, dtype=torch.int64).set_(torch.UntypedStorage._new_shared(POOL_SLOTS * 16))
+        control = torch.empty(0, dtype=torch.int64).set_(torch.UntypedStorage._new_shared(POOL_SLOTS * 16))
         self._control = control.view(POOL_SLOTS, 2)
         self._control.zero_()
         self._numbers = self._control.numpy()
@@ -64,8 +64,6 @@ class WorkerPool:
         # tells when the receiver is done with it: it is dropped from the pool instead of being written again.
         self._untracked = [False] * POOL_SLOTS
         self._lock = threading.Lock()
-        self.reused = 0  # blocks written again instead of allocated (for tests and diagnostics)
-        self.allocated = 0
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """An uninitialised tensor of `shape` and `dtype` in shared memory for this worker's next batch: in a free
@@ -82,11 +80,9 @@ class WorkerPool:
         fitting = [slot for slot in free if nbytes <= self._blocks[slot].nbytes() <= 2 * nbytes]
         chosen = min(fitting, key=lambda slot: self._blocks[slot].nbytes()) if fitting else None
         if chosen is not None:
-            self.reused += 1
             storage = self._lend(chosen)
         else:
             storage = self._torch.UntypedStorage._new_shared(nbytes)
-            self.allocated += 1
             vacant = [slot for slot, block in enumerate(self._blocks) if block is None] or free
             if vacant:
                 chosen = vacant[0]
