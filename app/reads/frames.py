@@ -4,6 +4,8 @@ file, then returned as an Arrow fixed-shape tensor column (uint8, (height, width
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -36,6 +38,58 @@ def view_schema(dataset: Dataset, index: EpisodeIndex) -> pa.Schema:
     )
 
 
+@dataclass(frozen=True)
+class LocatedRows:
+    """The distinct rows of a request, located for LeRobot's frame rule: `order[i]` is the distinct row of the
+    request's row `i`."""
+
+    episodes: np.ndarray
+    timestamps: np.ndarray
+    frame_index: np.ndarray  # the row's frame number within its episode
+    order: np.ndarray
+
+
+def locate_rows(
+    dataset: Dataset, index: EpisodeIndex, view: EpisodeView, rows: np.ndarray, may_block: bool = True
+) -> LocatedRows:
+    """The episode, timestamp and frame number of each distinct one of view `rows` (not empty)."""
+    check_locatable(dataset, index)
+    unique, inverse = np.unique(rows, return_inverse=True)
+    located = take_rows(dataset, index, view, unique, [dataset.episode_column, TIMESTAMP], may_block)
+    first, _ = view.episode_bounds(unique)
+    return LocatedRows(
+        located[dataset.episode_column].to_numpy(),
+        located[TIMESTAMP].to_numpy().astype(np.float64),
+        unique - first,
+        inverse,
+    )
+
+
+def check_locatable(dataset: Dataset, index: EpisodeIndex) -> None:
+    """A problem unless the dataset's rows have what LeRobot's frame rule needs."""
+    if TIMESTAMP not in index.schema.names or not index.has_episode_column:
+        raise InvalidInput(f"dataset {dataset.id!r} has no {TIMESTAMP!r} and episode columns to locate frames by")
+
+
+def frame_times(source: Source, feature: VideoFeature, episodes: np.ndarray, timestamps: np.ndarray) -> FrameTimes:
+    """Where each row's frame is: its video file and the presentation time nearest to which it lies there."""
+    clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}
+    wanted = timestamps + np.array([clips[int(e)].from_timestamp for e in episodes])
+    paths = np.array([clips[int(e)].path for e in episodes], dtype=object)
+    return FrameTimes(wanted, paths)
+
+
+@dataclass(frozen=True)
+class FrameTimes:
+    """For each row, the video file its frame is in and the time it is wanted at there."""
+
+    wanted: np.ndarray
+    paths: np.ndarray
+
+    def files(self) -> list[str]:
+        return sorted(set(self.paths.tolist()))
+
+
 def frame_columns(
     dataset: Dataset,
     index: EpisodeIndex,
@@ -50,24 +104,16 @@ def frame_columns(
     in decoded-frame segments are left to `pending` when given (and at least `OWN_CHUNK_BYTES` each). Without
     `may_block`, only frames from segments this process has mapped, and at most `inline_read_bytes` of them
     copied (else `WouldBlock`)."""
-    if TIMESTAMP not in index.schema.names or not index.has_episode_column:
-        raise InvalidInput(f"dataset {dataset.id!r} has no {TIMESTAMP!r} and episode columns to locate frames by")
+    check_locatable(dataset, index)
     if len(rows) == 0:
         videos = dataset.info().videos
         return {key: _empty(videos[key].arrow_type) for key in keys}
-    unique, inverse = np.unique(rows, return_inverse=True)
-    located = take_rows(dataset, index, view, unique, [dataset.episode_column, TIMESTAMP], may_block)
-    episodes = located[dataset.episode_column].to_numpy()
-    timestamps = located[TIMESTAMP].to_numpy().astype(np.float64)
-    first, _ = view.episode_bounds(unique)
-    frame_index = unique - first
+    located = locate_rows(dataset, index, view, rows, may_block)
     source = dataset.source()
     columns = {}
     for key in keys:
         feature = source.info.videos[key]
-        frames = _frames(
-            dataset, source, feature, episodes, timestamps, frame_index, tolerance_s, inverse, pending, may_block
-        )
+        frames = _frames(dataset, source, feature, located, tolerance_s, pending, may_block)
         columns[key] = pa.FixedShapeTensorArray.from_numpy_ndarray(frames)
     return columns
 
@@ -76,34 +122,30 @@ def _frames(
     dataset: Dataset,
     source: Source,
     feature: VideoFeature,
-    episodes: np.ndarray,
-    timestamps: np.ndarray,
-    frame_index: np.ndarray,
+    located: LocatedRows,
     tolerance_s: float,
-    order: np.ndarray,
     pending: PendingCopies | None,
     may_block: bool,
 ) -> np.ndarray:
-    """The frames of `feature` for `order`-indexed rows of (`episodes`, `timestamps`): `result[i]` is the frame of
-    row `order[i]`, checked against `tolerance_s`. Each frame is written once, copied from the decoded-frame
-    segment's memory map (or left to `pending`, which sends it from the map) or converted from the decoder
-    straight into the result."""
-    clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}
-    wanted = timestamps + np.array([clips[int(e)].from_timestamp for e in episodes])
-    paths = np.array([clips[int(e)].path for e in episodes], dtype=object)
+    """The frames of `feature` for the `located` rows in request order, checked against `tolerance_s`. Each
+    frame is written once, copied from the decoded-frame segment's memory map (or left to `pending`, which sends
+    it from the map) or converted from the decoder straight into the result."""
+    order = located.order
+    times_of = frame_times(source, feature, located.episodes, located.timestamps)
+    wanted, paths = times_of.wanted, times_of.paths
     frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
     deferred = pending if len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
     if not may_block and deferred is None and frames.nbytes > dataset.limits.inline_read_bytes:
         raise WouldBlock(f"{len(order)} frames of {feature.key} are more than {dataset.limits.inline_read_bytes} bytes")
-    found = np.empty(len(episodes))
-    for path in sorted(set(paths.tolist())):
+    found = np.empty(len(located.episodes))
+    for path in times_of.files():
         here = np.flatnonzero(paths == path)
         times, back = np.unique(wanted[here], return_inverse=True)
-        picture_of_row = np.full(len(episodes), -1)
+        picture_of_row = np.full(len(located.episodes), -1)
         picture_of_row[here] = back
         positions = np.flatnonzero(np.isin(order, here))
         picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
-        segment = _frame_segment(dataset, path, feature, may_block)
+        segment = frame_segment(dataset, path, feature, may_block)
         if segment is None:
             if not may_block:
                 raise WouldBlock("camera frames are decoded off the event loop")
@@ -117,7 +159,7 @@ def _frames(
             else:
                 _gather(frames, positions, pictures, batch_of[picks], row_in_batch[picks])
         found[here] = at[back]
-    check_tolerance(feature.key, episodes, frame_index, wanted, found, tolerance_s)
+    check_tolerance(feature.key, located.episodes, located.frame_index, wanted, found, tolerance_s)
     return frames
 
 
@@ -133,7 +175,7 @@ def video_files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list
     return sorted(files.items())
 
 
-def _frame_segment(dataset: Dataset, path: str, feature: VideoFeature, may_block: bool) -> Segment | None:
+def frame_segment(dataset: Dataset, path: str, feature: VideoFeature, may_block: bool) -> Segment | None:
     """The decoded-frame segment of a video file, as the cache policy has it: built on first touch (budget
     allowing), used only where `warm` built it, or never."""
     policy = dataset.limits.video_cache_policy
@@ -172,12 +214,18 @@ def _nearest_in_segment(
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     """For each of `times`, where the segment's nearest frame is (its batch's frames as views of the memory map,
     the batch and row of each) and its presentation time."""
-    pts = segment.derived(PTS, lambda: np.concatenate([b.column(0).to_numpy() for b in segment.batches]))
     pictures = segment.derived(FRAME, lambda: _pixel_views(segment, feature))
     offsets = segment.batch_offsets
-    rows = nearest_rows(pts, times)
+    rows, at = nearest_in_segment(segment, times)
     batches = np.searchsorted(offsets, rows, side="right") - 1
-    return pictures, batches, rows - offsets[batches], pts[rows]
+    return pictures, batches, rows - offsets[batches], at
+
+
+def nearest_in_segment(segment: Segment, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `times`, the row of the decoded-frame segment with the nearest frame, and that frame's time."""
+    pts = segment.derived(PTS, lambda: np.concatenate([b.column(0).to_numpy() for b in segment.batches]))
+    rows = nearest_rows(pts, times)
+    return rows, pts[rows]
 
 
 def _pixel_views(segment: Segment, feature: VideoFeature) -> list[np.ndarray]:

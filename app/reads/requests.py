@@ -61,6 +61,12 @@ class TakeRequest(RowSelection):
     indices: list[Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]] = Field(
         description="View row positions; order is kept and duplicates are allowed."
     )
+    frames: Literal["pixels", "references"] = Field(
+        "pixels",
+        description="How camera columns come: as pixels, or (for a client that reads the server's cache directory "
+        "itself) as references to rows of its decoded-frame segments where every frame of the camera lies in one; "
+        "windowed cameras always come as pixels.",
+    )
 
 
 class SliceRequest(RowSelection):

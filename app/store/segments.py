@@ -78,6 +78,7 @@ class Segment:
     nbytes: int
     path: Path | None = None  # the mapped file, re-checked by `intact`
     inode: int | None = None
+    mtime_ns: int | None = None  # with `inode` and `nbytes`, tells this file from a later rebuild at the same path
     _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
     _row_bytes: dict[tuple[str, ...] | None, float] = field(default_factory=dict, repr=False)
     _derived: dict[Any, Any] = field(default_factory=dict, repr=False)
@@ -435,7 +436,9 @@ class SegmentStore:
         np.cumsum([b.num_rows for b in batches], out=offsets[1:])
         if offsets[-1] != sidecar["rows"] or offsets[-1] != source.rows:
             return None
-        return Segment(paths.arrow.stem, source, batches, offsets, sidecar["bytes"], paths.arrow, stat.st_ino)
+        return Segment(
+            paths.arrow.stem, source, batches, offsets, sidecar["bytes"], paths.arrow, stat.st_ino, stat.st_mtime_ns
+        )
 
     def _read_sidecar(self, paths: _SegmentPaths, source: SourceFingerprint, schema: pa.Schema) -> dict | None:
         try:

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from episerve._episodes import Episodes
 from episerve._errors import ConnectionFailed, EpiserveError, ServerError, TooLarge, server_error
+from episerve._local_frames import FramesUnavailable, LocalFrames
 from episerve._retry import RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
 from episerve._selection import ArrowBody, DeltaTimestamps, Pages, Selection
 from episerve._transport import (
@@ -54,7 +55,10 @@ class Client:
     any object with `connect` and `read` seconds, such as an `httpx.Timeout`). `retries` bounds how long a request
     keeps retrying connection errors and 429/502/503/504 (a `Retries`, or an int number of attempts); each retry
     is logged as a warning on the `episerve` logger. `compression` (`"lz4"` or `"zstd"`) asks for compressed
-    Arrow bodies, worth it across slow links (pyarrow decompresses them). Server errors are raised as
+    Arrow bodies, worth it across slow links (pyarrow decompresses them). `cache_dir` is the server's cache
+    directory as this machine sees it (the server runs here, or its cache is a volume shared with this machine):
+    takes then read the camera frames the server has decoded straight from its segment files, not over the socket
+    (frames not decoded yet, windowed cameras and `rows()` still come over HTTP). Server errors are raised as
     `ServerError` subclasses; a server that stays unreachable raises `ConnectionFailed`. Safe to use from several
     threads, to pickle, and across `fork`. Use it as a context manager or call `close()`.
     """
@@ -67,6 +71,7 @@ class Client:
         timeout: float | Any = DEFAULT_TIMEOUT,
         retries: Retries | int | None = None,
         compression: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if compression not in (None, "lz4", "zstd"):
             raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
@@ -80,6 +85,7 @@ class Client:
         if isinstance(retries, int):
             retries = Retries(attempts=retries)
         self.retries = retries or Retries()
+        self.local_frames = LocalFrames(cache_dir) if cache_dir is not None else None
         self._page_rows = _PAGE_ROWS
         self._take_indices = _TAKE_INDICES
         self._transport: Transport | None = None
@@ -213,19 +219,32 @@ class Client:
         position = 0
         while True:
             page = wanted[position : position + self._take_indices]
-            payload = _take_body(selection, page)
-            if self.compression is not None:
-                payload["compression"] = self.compression
             try:
-                response = self._send("POST", _path(selection.dataset_id, "/rows/take"), body=payload, arrow=True)
+                body, total = self._take_page(selection, page)
             except TooLarge as exc:
                 self._take_indices = _smaller_limit(exc, len(page))
                 continue
-            bodies.append(_arrow_body(response, selection.dataset_id))
-            total = int(response.headers["x-total-rows"])
+            bodies.append(body)
             position += len(page)
             if position >= len(wanted):
                 return Pages(bodies, total)
+
+    def _take_page(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int]:
+        """One `/rows/take` request and the view length; camera frames read from `cache_dir` where it can."""
+        payload = _take_body(selection, page)
+        if self.compression is not None:
+            payload["compression"] = self.compression
+        path = _path(selection.dataset_id, "/rows/take")
+        local = self.local_frames
+        if local is not None and local.in_use:
+            response = self._send("POST", path, body=payload | {"frames": "references"}, arrow=True)
+            body = _arrow_body(response, selection.dataset_id)
+            try:
+                return ArrowBody(local.resolve(body.table), body.buffer), int(response.headers["x-total-rows"])
+            except FramesUnavailable as exc:
+                local.missed(exc)
+        response = self._send("POST", path, body=payload, arrow=True)
+        return _arrow_body(response, selection.dataset_id), int(response.headers["x-total-rows"])
 
     def _slice(self, selection: Selection, start: int, stop: int | None) -> Response:
         """One `/rows` request: GET with a query, or POST with a body when the episode list is too long for a URL."""

@@ -63,7 +63,7 @@ def table_columns(
         column = table.column(i)
         if _is_camera(column.type):
             nothing = np.empty((0, *column.type.shape), np.uint8)
-            parts = [_tensors(c, owner) for c in column.chunks if len(c)] or [nothing]
+            parts = [_frames_view(c, owner) for c in column.chunks if len(c)] or [nothing]
             columns[name] = _frames_channels_first(parts, empty, order) if frames is None else frames(parts)
             continue
         values = _chunked(column, owner, decode_images, defer_blobs)
@@ -174,6 +174,22 @@ def _tensors(array: pa.ExtensionArray, owner: _Owner | None) -> np.ndarray:
     """A fixed-shape tensor column as one array of `(rows, *shape)`, a view where the data allows."""
     shape = list(array.type.shape)
     return _fixed_size_list(array.storage, owner, False).reshape(len(array), *shape)
+
+
+def _frames_view(array: pa.ExtensionArray, owner: _Owner | None) -> np.ndarray:
+    """Camera frames `(rows, *shape)` as a view of their buffer, never a copy: writable where the client owns the
+    buffer, read-only where it maps the server's cache (`episerve._local_frames`), since they are copied
+    channels-first anyway."""
+    storage = array.storage
+    size = storage.type.list_size
+    start = storage.values.offset + storage.offset * size
+    count = len(array) * size
+    data = storage.values.buffers()[1]
+    shape = (len(array), *array.type.shape)
+    viewed = owner.view(data.address + start, count, np.dtype(np.uint8), count) if owner is not None else None
+    if viewed is None:
+        viewed = np.frombuffer(data, dtype=np.uint8, count=count, offset=start)
+    return viewed.reshape(shape)
 
 
 def _is_camera(kind: pa.DataType) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,10 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
     `DataLoader(ds, batch_size=B, collate_fn=episerve.collate)` to receive `(B, ...)` tensors without any
     per-sample work. `transform`, if given, is applied to each sample (and then batches are stacked again).
 
+    `cache_dir`, on the server's machine (or with its cache on a shared volume), is the server's cache directory as
+    seen from here: camera frames the server has decoded are then read from its segment files instead of over the
+    socket (see `Client`).
+
     Creating the dataset makes one small request (the view length, which also validates the dataset, episodes and
     columns); it pickles without its connections, so DataLoader workers open their own.
     """
@@ -52,8 +57,9 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         output: Output | None = None,
         token: str | None = None,
         retries: Retries | int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.client = url if isinstance(url, Client) else Client(url, token, retries=retries)
+        self.client = url if isinstance(url, Client) else Client(url, token, retries=retries, cache_dir=cache_dir)
         self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
         self.transform = transform
         self.decode_images = decode_images

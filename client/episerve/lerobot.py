@@ -14,6 +14,8 @@ default collate gives the same batch by stacking the samples again.
 
 from __future__ import annotations
 
+import os
+
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the install
@@ -98,6 +100,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
     `{key: [seconds...]}` (LeRobot's windows, checked against `tolerance_s` by the server), `image_transforms`
     a callable applied to each sample's camera tensors. `revision`, `video_backend`, `download_videos` and
     `force_cache_sync` are accepted for compatibility and do nothing: the server owns the files and decoding.
+    `cache_dir` is the server's cache directory where this machine can read it (see `Client`).
 
     The sample order is LeRobot's: ascending episode order, then frame order, whatever order `episodes` lists.
     """
@@ -117,8 +120,9 @@ class RemoteLeRobotDataset(EpisodeDataset):
         video_backend: str | None = None,
         download_videos: bool = True,
         force_cache_sync: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        client = url if isinstance(url, Client) else Client(url, token, retries=retries)
+        client = url if isinstance(url, Client) else Client(url, token, retries=retries, cache_dir=cache_dir)
         self.repo_id = repo_id
         self.meta = RemoteLeRobotDatasetMetadata(client, repo_id)
         self.episodes = list(episodes) if episodes is not None and not isinstance(episodes, str) else episodes

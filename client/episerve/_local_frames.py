@@ -1,0 +1,155 @@
+"""Camera frames read straight from the server's decoded-frame cache, for a client on the same machine.
+
+With `Client(cache_dir=...)` takes ask for camera frames as references (`frames: "references"`): for a camera
+whose frames the server has decoded into segments, each row names a segment file (relative to the cache
+directory) and a row of it, and this module maps the file and hands out the frames as zero-copy slices of the map.
+They are copied once, channels-first, into the batch, as a local memory-mapped read would; no frame crosses a
+socket. A file is used only if its size, inode and modification time are those of the file the server has mapped,
+so a file rebuilt since (or another cache at that path) is never read; then the frames come over HTTP instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from episerve._numpy import fixed_width
+
+METADATA_KEY = b"episerve.frames"
+_FRAME = "frame"  # the pixels column of a decoded-frame segment
+_OPEN_FILES = 16  # segment files kept mapped per process
+_MISSES_BEFORE_GIVING_UP = 3  # takes in a row whose references could not be read
+
+log = logging.getLogger("episerve")
+
+
+class FramesUnavailable(Exception):
+    """A referenced segment file cannot be read from here (missing, rebuilt since, or not a segment)."""
+
+
+class LocalFrames:
+    """The server's cache directory as this machine sees it, and the segment files this process has mapped."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
+        directory = Path(cache_dir).expanduser()
+        if not directory.is_dir():
+            raise ValueError(f"cache_dir {str(directory)!r} is not a directory")
+        self.cache_dir = directory.resolve()
+        self.in_use = True  # False after repeated misses: this directory is not the server's cache
+        self._misses = 0
+        self._open: OrderedDict[tuple[Any, ...], _MappedSegment] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LocalFrames({str(self.cache_dir)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cache_dir": self.cache_dir, "in_use": self.in_use}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["cache_dir"])  # type: ignore[misc]
+        self.in_use = state["in_use"]
+
+    def resolve(self, table: pa.Table) -> pa.Table:
+        """`table` with each referenced camera column replaced by its frames (`FramesUnavailable` if some
+        referenced file cannot be read here)."""
+        for number, field in enumerate(table.schema):
+            if field.metadata and METADATA_KEY in field.metadata:
+                frames = self._frames(json.loads(field.metadata[METADATA_KEY]), table.column(number))
+                table = table.set_column(number, pa.field(field.name, frames.type), frames)
+        self._misses = 0
+        return table
+
+    def missed(self, error: FramesUnavailable) -> None:
+        """Note a take whose references could not be read; after a few in a row, stop asking for them."""
+        self._misses += 1
+        if self._misses == 1:
+            log.warning("camera frames of a take come over HTTP: %s", error)
+        if self._misses >= _MISSES_BEFORE_GIVING_UP and self.in_use:
+            self.in_use = False
+            log.warning("%d takes in a row could not read frames from %s; reading them over HTTP", self._misses, self)
+
+    def _frames(self, described: dict[str, Any], column: pa.ChunkedArray) -> pa.ChunkedArray:
+        shape = [int(n) for n in described["shape"]]
+        kind = pa.fixed_shape_tensor(pa.uint8(), shape)
+        segments = [self._segment(entry, kind) for entry in described["segments"]]
+        references = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        segment_of = fixed_width(references.field(0), np.dtype(np.int32))
+        row_of = fixed_width(references.field(1), np.dtype(np.int64))
+        if len(segment_of) and (segment_of.min() < 0 or segment_of.max() >= len(segments)):
+            raise FramesUnavailable("a reference names a segment the answer does not list")
+        return pa.chunked_array(_runs(segments, segment_of, row_of), type=kind)
+
+    def _segment(self, entry: dict[str, Any], kind: pa.FixedShapeTensorType) -> _MappedSegment:
+        path = self.cache_dir / entry["path"]
+        if not path.resolve().is_relative_to(self.cache_dir):
+            raise FramesUnavailable(f"segment path {entry['path']!r} lies outside {self.cache_dir}")
+        key = (str(path), entry["bytes"], entry["inode"], entry["mtime_ns"], tuple(kind.shape))
+        with self._lock:
+            segment = self._open.get(key)
+            if segment is not None:
+                self._open.move_to_end(key)
+                return segment
+        segment = _MappedSegment(path, entry, kind)
+        with self._lock:
+            self._open[key] = segment
+            while len(self._open) > _OPEN_FILES:
+                self._open.popitem(last=False)
+        return segment
+
+
+class _MappedSegment:
+    """One decoded-frame segment file, mapped read-only: its frames per record batch as tensor arrays."""
+
+    def __init__(self, path: Path, entry: dict[str, Any], kind: pa.FixedShapeTensorType) -> None:
+        try:
+            descriptor = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise FramesUnavailable(f"cannot open {path}: {exc.strerror}") from exc
+        try:
+            stat = os.fstat(descriptor)
+            if (stat.st_size, stat.st_ino, stat.st_mtime_ns) != (entry["bytes"], entry["inode"], entry["mtime_ns"]):
+                raise FramesUnavailable(f"{path} is not the file the server has mapped (rebuilt, or another cache)")
+            mapped = mmap.mmap(descriptor, stat.st_size, prot=mmap.PROT_READ)
+        finally:
+            os.close(descriptor)
+        try:
+            reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
+            column = reader.schema.get_field_index(_FRAME)
+            if column < 0 or reader.schema.field(column).type != kind.storage_type:
+                raise FramesUnavailable(f"{path} holds no frames of shape {list(kind.shape)}")
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        except pa.ArrowException as exc:
+            raise FramesUnavailable(f"{path} is not a decoded-frame segment: {exc}") from exc
+        self.tensors = [pa.ExtensionArray.from_storage(kind, batch.column(column)) for batch in batches]
+        self.offsets = np.cumsum([0, *(batch.num_rows for batch in batches)])
+
+
+def _runs(segments: list[_MappedSegment], segment_of: np.ndarray, row_of: np.ndarray) -> list[pa.Array]:
+    """The referenced frames in order, as slices of the maps: one per run of consecutive rows of one batch."""
+    chunks: list[pa.Array] = []
+    run: tuple[_MappedSegment, int, int, int] | None = None  # segment, batch, first row in it, length
+    for number, row in zip(segment_of.tolist(), row_of.tolist(), strict=True):
+        segment = segments[number]
+        if not 0 <= row < segment.offsets[-1]:
+            raise FramesUnavailable(f"row {row} is past the end of a segment of {segment.offsets[-1]} frames")
+        batch = int(np.searchsorted(segment.offsets, row, side="right")) - 1
+        within = row - int(segment.offsets[batch])
+        if run is not None and run[0] is segment and run[1] == batch and run[2] + run[3] == within:
+            run = (segment, batch, run[2], run[3] + 1)
+            continue
+        if run is not None:
+            chunks.append(run[0].tensors[run[1]].slice(run[2], run[3]))
+        run = (segment, batch, within, 1)
+    if run is not None:
+        chunks.append(run[0].tensors[run[1]].slice(run[2], run[3]))
+    return chunks

@@ -1,0 +1,168 @@
+"""Camera frames by reference: a client that reads the server's cache directory gets the frames the server has
+decoded straight from its segment files, and exactly the frames it would get over HTTP; anything it cannot read
+there (cold cameras, a missing or rebuilt file, another directory) still comes right, over HTTP."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pyarrow as pa
+import pytest
+
+import episerve
+from app.demo import TOP_CAMERA, WRIST_CAMERA
+from episerve._local_frames import METADATA_KEY, FramesUnavailable, LocalFrames
+from tests.support import ServerProcess, oracle, read_stream
+from tests.test_errors import assert_problem
+from tests.test_operations import run_cli
+from tests.test_video import expected_frames, served_frames
+from tests.video_oracle import frames_for_rows
+
+COLUMNS = ["episode_index", "frame_index", WRIST_CAMERA, TOP_CAMERA]
+
+
+@pytest.fixture(scope="module")
+def warmed(video_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose `cams-v3` cameras are all decoded into segments and whose `cams-v21` ones are decoded
+    for episodes 2-3 only (the `warmed` policy decodes the rest on demand)."""
+    cache = tmp_path_factory.mktemp("references") / "cache"
+    location = ["--root", str(video_root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+    assert run_cli("warm", "cams-v21", "--episodes", "2-3", "--videos", *location).returncode == 0
+    with ServerProcess([video_root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
+        yield server
+
+
+@pytest.fixture
+def http(warmed: ServerProcess) -> Iterator[httpx.Client]:
+    with warmed.client() as client:
+        yield client
+
+
+def _take(http: httpx.Client, name: str, body: dict) -> pa.Table:
+    response = http.post(f"/datasets/{name}/rows/take", json=body)
+    assert response.status_code == 200, response.text
+    return read_stream(response.content)
+
+
+def test_references_name_the_segment_rows_holding_each_rows_frame(
+    video_root: Path, warmed: ServerProcess, http: httpx.Client
+) -> None:
+    view = oracle(video_root / "cams-v3", [7, 2, 5])
+    indices = [*np.random.default_rng(3).integers(0, view.num_rows, 30).tolist(), 0, 0, view.num_rows - 1]
+    body = {"episodes": [7, 2, 5], "indices": indices, "columns": COLUMNS}
+    table = _take(http, "cams-v3", body | {"frames": "references"})
+    assert table.select(COLUMNS[:2]).equals(view.take(pa.array(indices)).select(COLUMNS[:2]))
+    for key in (TOP_CAMERA, WRIST_CAMERA):
+        field = table.schema.field(key)
+        assert pa.types.is_struct(field.type) and [f.name for f in field.type] == ["segment", "row"]
+        described = orjson.loads(field.metadata[METADATA_KEY])
+        shape = described["shape"]
+        segments = []
+        for entry in described["segments"]:  # read independently of the client, by path under the cache
+            path = warmed.cache_dir / entry["path"]
+            assert path.stat().st_size == entry["bytes"] and path.stat().st_ino == entry["inode"]
+            frames = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column("frame").combine_chunks()
+            segments.append(frames.values.to_numpy().reshape(len(frames), *shape))
+        references = table[key].combine_chunks()
+        picked = [
+            segments[s][r]
+            for s, r in zip(references.field("segment").to_pylist(), references.field("row").to_pylist(), strict=True)
+        ]
+        assert np.array_equal(np.stack(picked), expected_frames(video_root / "cams-v3", key, table))
+
+
+def test_cameras_not_decoded_into_segments_come_as_pixels(video_root: Path, http: httpx.Client) -> None:
+    body = {"episodes": [1, 3], "indices": [70, 1, 0, 45], "columns": COLUMNS, "frames": "references"}
+    table = _take(http, "cams-v21", body)  # episode 1 was not warmed: both cameras come as pixels
+    for key in (TOP_CAMERA, WRIST_CAMERA):
+        assert isinstance(table.schema.field(key).type, pa.FixedShapeTensorType)
+        assert np.array_equal(served_frames(table, key), expected_frames(video_root / "cams-v21", key, table))
+
+
+def test_an_unknown_frames_mode_is_422(http: httpx.Client) -> None:
+    response = http.post("/datasets/cams-v3/rows/take", json={"indices": [0], "frames": "bytes"})
+    assert_problem(response, 422, "frames", "'pixels' or 'references'")
+
+
+@pytest.mark.parametrize("name", ["cams-v3", "cams-v21"])
+def test_a_client_with_the_cache_dir_reads_the_frames_from_it_equal_to_http(
+    warmed: ServerProcess, http: httpx.Client, name: str
+) -> None:
+    local = episerve.Client(warmed.url, cache_dir=warmed.cache_dir)
+    remote = episerve.Client(warmed.url)
+    selection = episerve.Selection.of(name, [3, 2], COLUMNS)
+    indices = np.random.default_rng(4).permutation(remote.count(selection))[:50]
+    pages = local.read_take(selection, indices)
+    expected = remote.take(name, indices, [3, 2], COLUMNS)
+    assert pages.table.equals(expected)
+    frame_bytes = sum(expected[key].nbytes for key in (TOP_CAMERA, WRIST_CAMERA))
+    assert sum(b.size for b in pages.buffers) < frame_bytes / 10  # the frames did not come over HTTP
+    assert local.local_frames is not None and local.local_frames.in_use
+
+
+def test_dataloader_workers_read_frames_from_the_cache_dir(video_root: Path, warmed: ServerProcess) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    dataset = episerve.EpisodeDataset(
+        warmed.url, "cams-v3", episodes=[6, 0], columns=COLUMNS, cache_dir=warmed.cache_dir
+    )
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2, collate_fn=episerve.collate)
+    seen = 0
+    for batch in loader:
+        rows = list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
+        for key, height, width in ((TOP_CAMERA, 64, 96), (WRIST_CAMERA, 48, 64)):
+            frames = batch[key]
+            assert frames.dtype == torch.uint8 and tuple(frames.shape[1:]) == (3, height, width)
+            expected = frames_for_rows(video_root / "cams-v3", key, rows)
+            assert np.array_equal(frames.numpy(), expected.transpose(0, 3, 1, 2))
+        seen += len(rows)
+    assert seen == len(dataset)
+
+
+def _copy_of(cache: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(cache, copy, ignore=shutil.ignore_patterns("*.lock", "metrics"))
+    return copy
+
+
+@pytest.mark.parametrize("where", ["an empty directory", "a copy of the cache"])
+def test_frames_that_cannot_be_read_from_the_cache_dir_come_over_http(
+    warmed: ServerProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    directory = tmp_path / "empty" if where == "an empty directory" else _copy_of(warmed.cache_dir, tmp_path)
+    directory.mkdir(exist_ok=True)
+    local = episerve.Client(warmed.url, cache_dir=directory)
+    remote = episerve.Client(warmed.url)
+    expected = remote.take("cams-v3", [5, 1, 9], columns=COLUMNS)
+    with caplog.at_level(logging.WARNING, logger="episerve"):
+        for _ in range(3):
+            assert local.take("cams-v3", [5, 1, 9], columns=COLUMNS).equals(expected)
+    reason = "No such file" if where == "an empty directory" else "is not the file the server has mapped"
+    assert reason in caplog.text
+    assert "3 takes in a row could not read frames" in caplog.text
+    assert local.local_frames is not None and not local.local_frames.in_use  # no more asking for references
+    assert local.take("cams-v3", [2], columns=COLUMNS).equals(remote.take("cams-v3", [2], columns=COLUMNS))
+
+
+def test_a_reference_outside_the_cache_dir_is_never_read(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "secret.arrow").write_bytes(b"not for the client")
+    described = {"shape": [2, 2, 3], "segments": [{"path": "../secret.arrow", "bytes": 18, "inode": 0, "mtime_ns": 0}]}
+    references = pa.StructArray.from_arrays([pa.array([0], pa.int32()), pa.array([0], pa.int64())], ["segment", "row"])
+    field = pa.field("camera", references.type, metadata={METADATA_KEY: orjson.dumps(described)})
+    table = pa.Table.from_arrays([references], schema=pa.schema([field]))
+    with pytest.raises(FramesUnavailable, match="lies outside"):
+        LocalFrames(tmp_path / "cache").resolve(table)
+
+
+def test_a_cache_dir_that_is_not_a_directory_is_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is not a directory"):
+        episerve.Client("http://127.0.0.1:1", cache_dir=tmp_path / "missing")
