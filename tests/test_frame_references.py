@@ -4,8 +4,10 @@ there (cold cameras, a missing or rebuilt file, another directory) still comes r
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,3 +168,35 @@ def test_a_reference_outside_the_cache_dir_is_never_read(tmp_path: Path) -> None
 def test_a_cache_dir_that_is_not_a_directory_is_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not a directory"):
         episerve.Client("http://127.0.0.1:1", cache_dir=tmp_path / "missing")
+
+
+def _mapped_files() -> str:
+    return Path("/proc/self/maps").read_text()
+
+
+def test_a_segment_the_server_evicts_is_let_go_and_its_frames_still_come_right(
+    video_root: Path, tmp_path: Path
+) -> None:
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    assert (
+        run_cli(
+            "warm", "cams", "--episodes", "2", "--videos", "--root", str(root), "--cache-dir", str(cache)
+        ).returncode
+        == 0
+    )
+    with ServerProcess([root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
+        local = episerve.Client(server.url, cache_dir=cache)
+        expected = episerve.Client(server.url).take("cams", [3, 1], [2], COLUMNS)
+        assert local.take("cams", [3, 1], [2], COLUMNS).equals(expected)
+        segments = sorted(cache.rglob("frames/*.arrow"))
+        assert segments and all(str(s) in _mapped_files() for s in segments)
+        for segment in segments:  # as the budget evicts: the sidecar first, then the file
+            segment.with_suffix(".json").unlink()
+            segment.unlink()
+        time.sleep(1.1)
+        again = local.take("cams", [3, 1], [2], COLUMNS)
+        assert again.equals(expected)  # now decoded on demand by the server, as pixels
+        del again
+        gc.collect()
+        assert not any(str(s) in _mapped_files() for s in segments)

@@ -15,6 +15,8 @@ import logging
 import mmap
 import os
 import threading
+import time
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ METADATA_KEY = b"episerve.frames"
 _FRAME = "frame"  # the pixels column of a decoded-frame segment
 _OPEN_FILES = 16  # segment files kept mapped per process
 _MISSES_BEFORE_GIVING_UP = 3  # takes in a row whose references could not be read
+_UNLINKED_CHECK_SECONDS = 1.0  # how often mapped files are checked for eviction by the server
 
 log = logging.getLogger("episerve")
 
@@ -48,6 +51,7 @@ class LocalFrames:
         self._misses = 0
         self._open: OrderedDict[tuple[Any, ...], _MappedSegment] = OrderedDict()
         self._lock = threading.Lock()
+        self._checked_at = 0.0
 
     def __repr__(self) -> str:
         return f"LocalFrames({str(self.cache_dir)!r})"
@@ -62,6 +66,7 @@ class LocalFrames:
     def resolve(self, table: pa.Table) -> pa.Table:
         """`table` with each referenced camera column replaced by its frames (`FramesUnavailable` if some
         referenced file cannot be read here)."""
+        self._drop_unlinked()
         for number, field in enumerate(table.schema):
             if field.metadata and METADATA_KEY in field.metadata:
                 frames = self._frames(json.loads(field.metadata[METADATA_KEY]), table.column(number))
@@ -77,6 +82,17 @@ class LocalFrames:
         if self._misses >= _MISSES_BEFORE_GIVING_UP and self.in_use:
             self.in_use = False
             log.warning("%d takes in a row could not read frames from %s; reading them over HTTP", self._misses, self)
+
+    def _drop_unlinked(self) -> None:
+        """Let go of mapped files the server has evicted (at most once a second), so their disk space is freed."""
+        now = time.monotonic()
+        if now - self._checked_at < _UNLINKED_CHECK_SECONDS:
+            return
+        self._checked_at = now
+        with self._lock:
+            for key, segment in list(self._open.items()):
+                if segment.unlinked():
+                    del self._open[key]
 
     def _frames(self, described: dict[str, Any], column: pa.ChunkedArray) -> pa.ChunkedArray:
         shape = [int(n) for n in described["shape"]]
@@ -120,8 +136,11 @@ class _MappedSegment:
             if (stat.st_size, stat.st_ino, stat.st_mtime_ns) != (entry["bytes"], entry["inode"], entry["mtime_ns"]):
                 raise FramesUnavailable(f"{path} is not the file the server has mapped (rebuilt, or another cache)")
             mapped = mmap.mmap(descriptor, stat.st_size, prot=mmap.PROT_READ)
-        finally:
+        except BaseException:
             os.close(descriptor)
+            raise
+        self._descriptor = descriptor  # kept to notice the file's eviction (`unlinked`)
+        self._closer = weakref.finalize(self, os.close, descriptor)
         try:
             reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
             column = reader.schema.get_field_index(_FRAME)
@@ -132,6 +151,13 @@ class _MappedSegment:
             raise FramesUnavailable(f"{path} is not a decoded-frame segment: {exc}") from exc
         self.tensors = [pa.ExtensionArray.from_storage(kind, batch.column(column)) for batch in batches]
         self.offsets = np.cumsum([0, *(batch.num_rows for batch in batches)])
+
+    def unlinked(self) -> bool:
+        """Whether the file was removed from the cache since it was mapped (the map still reads it whole)."""
+        try:
+            return os.fstat(self._descriptor).st_nlink == 0
+        except OSError:
+            return True
 
 
 def _runs(segments: list[_MappedSegment], segment_of: np.ndarray, row_of: np.ndarray) -> list[pa.Array]:
