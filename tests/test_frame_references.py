@@ -166,3 +166,28 @@ def test_a_reference_outside_the_cache_dir_is_never_read(tmp_path: Path) -> None
 def test_a_cache_dir_that_is_not_a_directory_is_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not a directory"):
         episerve.Client("http://127.0.0.1:1", cache_dir=tmp_path / "missing")
+
+
+def test_segments_rebuilt_by_another_process_are_referenced_as_rebuilt(
+    video_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server process that still maps a segment file evicted and rebuilt by another process (another worker, a
+    `warm`) references the file now at that path, which a new client can read, not the one it mapped."""
+    cache = tmp_path / "cache"
+    location = ["--root", str(video_root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+    with ServerProcess([video_root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
+        selection = episerve.Selection.of("cams-v3", None, COLUMNS)
+        indices = list(range(0, 300, 7))
+        expected = episerve.Client(server.url).take("cams-v3", indices, columns=COLUMNS)
+        assert episerve.Client(server.url, cache_dir=cache).read_take(selection, indices).table.equals(expected)
+        for arrow in cache.rglob("frames/*.arrow"):  # mapped by the server
+            arrow.with_suffix(".json").unlink()
+            arrow.unlink()
+        assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+        local = episerve.Client(server.url, cache_dir=cache)  # a new DataLoader worker, say
+        with caplog.at_level(logging.WARNING, logger="episerve"):
+            pages = local.read_take(selection, indices)
+        assert pages.table.equals(expected)
+        assert sum(b.size for b in pages.buffers) < expected[TOP_CAMERA].nbytes / 10  # read from the cache dir
+        assert "come over HTTP" not in caplog.text
