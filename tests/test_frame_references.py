@@ -4,6 +4,7 @@ there (cold cameras, a missing or rebuilt file, another directory) still comes r
 
 from __future__ import annotations
 
+import gc
 import logging
 import shutil
 from collections.abc import Iterator
@@ -191,3 +192,27 @@ def test_segments_rebuilt_by_another_process_are_referenced_as_rebuilt(
         assert pages.table.equals(expected)
         assert sum(b.size for b in pages.buffers) < expected[TOP_CAMERA].nbytes / 10  # read from the cache dir
         assert "come over HTTP" not in caplog.text
+
+
+def test_a_client_lets_go_of_segment_files_rebuilt_since_it_mapped_them(video_root: Path, tmp_path: Path) -> None:
+    """A segment file evicted from the video cache keeps its disk space while it is mapped: a client that finds
+    it rebuilt unmaps the old one, as the server does."""
+    cache = tmp_path / "cache"
+    location = ["--root", str(video_root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+
+    def unlinked_maps() -> list[str]:
+        gc.collect()
+        lines = Path("/proc/self/maps").read_text().splitlines()
+        return [line for line in lines if str(cache) in line and line.endswith("(deleted)")]
+
+    with ServerProcess([video_root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
+        local = episerve.Client(server.url, cache_dir=cache)
+        expected = episerve.Client(server.url).take("cams-v3", list(range(0, 300, 7)), columns=COLUMNS)
+        assert local.take("cams-v3", list(range(0, 300, 7)), columns=COLUMNS).equals(expected)
+        for arrow in cache.rglob("frames/*.arrow"):
+            arrow.with_suffix(".json").unlink()
+            arrow.unlink()
+        assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+        assert local.take("cams-v3", list(range(0, 300, 7)), columns=COLUMNS).equals(expected)
+        assert unlinked_maps() == []

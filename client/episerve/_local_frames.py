@@ -101,6 +101,8 @@ class LocalFrames:
                 return segment
         segment = _MappedSegment(path, entry, kind)
         with self._lock:
+            for stale in [k for k in self._open if k[0] == key[0]]:  # the file at this path before a rebuild:
+                del self._open[stale]  # unmapped, so an evicted file's disk space is freed (as the server does)
             self._open[key] = segment
             while len(self._open) > _OPEN_FILES:
                 self._open.popitem(last=False)
