@@ -4,8 +4,11 @@ there (cold cameras, a missing or rebuilt file, another directory) still comes r
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import os
+import resource
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,3 +219,26 @@ def test_a_client_lets_go_of_segment_files_rebuilt_since_it_mapped_them(video_ro
         assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
         assert local.take("cams-v3", list(range(0, 300, 7)), columns=COLUMNS).equals(expected)
         assert unlinked_maps() == []
+
+
+def test_a_segment_file_that_cannot_be_mapped_is_unavailable_not_an_error(
+    warmed: ServerProcess, http: httpx.Client
+) -> None:
+    """Whatever stops a referenced file from being mapped here (no descriptor left, a shared volume without
+    `mmap`) makes the take's frames come over HTTP, not fail it."""
+    table = _take(http, "cams-v3", {"indices": [1, 2], "columns": [TOP_CAMERA], "frames": "references"})
+    local = LocalFrames(warmed.cache_dir)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 2, hard))
+    fillers = []
+    try:
+        with contextlib.suppress(OSError):
+            while True:  # every descriptor number taken...
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        os.close(fillers.pop())  # ...but one: the file opens, its map (a descriptor of its own) cannot
+        with pytest.raises(FramesUnavailable, match="cannot map"):
+            local.resolve(table)
+    finally:
+        for descriptor in fillers:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -121,7 +121,10 @@ class _MappedSegment:
             stat = os.fstat(descriptor)
             if (stat.st_size, stat.st_ino, stat.st_mtime_ns) != (entry["bytes"], entry["inode"], entry["mtime_ns"]):
                 raise FramesUnavailable(f"{path} is not the file the server has mapped (rebuilt, or another cache)")
-            mapped = mmap.mmap(descriptor, stat.st_size, prot=mmap.PROT_READ)
+            try:
+                mapped = mmap.mmap(descriptor, stat.st_size, prot=mmap.PROT_READ)
+            except (OSError, ValueError) as exc:  # no descriptor left for the map, a file system without mmap
+                raise FramesUnavailable(f"cannot map {path}: {exc}") from exc
         finally:
             os.close(descriptor)
         try:
