@@ -150,7 +150,7 @@ def test_frames_that_cannot_be_read_from_the_cache_dir_come_over_http(
     reason = "No such file" if where == "an empty directory" else "is not the file the server has mapped"
     assert reason in caplog.text
     assert "3 takes in a row could not read frames" in caplog.text
-    assert local.local_frames is not None and not local.local_frames.in_use  # no more asking for references
+    assert local.local_frames is not None and not local.local_frames.in_use  # pixels only, for a while
     assert local.take("cams-v3", [2], columns=COLUMNS).equals(remote.take("cams-v3", [2], columns=COLUMNS))
 
 
@@ -179,12 +179,8 @@ def test_a_segment_the_server_evicts_is_let_go_and_its_frames_still_come_right(
 ) -> None:
     root, cache = tmp_path / "root", tmp_path / "cache"
     shutil.copytree(video_root / "cams-v21", root / "cams")
-    assert (
-        run_cli(
-            "warm", "cams", "--episodes", "2", "--videos", "--root", str(root), "--cache-dir", str(cache)
-        ).returncode
-        == 0
-    )
+    location = ["--root", str(root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams", "--episodes", "2", "--videos", *location).returncode == 0
     with ServerProcess([root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
         local = episerve.Client(server.url, cache_dir=cache)
         expected = episerve.Client(server.url).take("cams", [3, 1], [2], COLUMNS)
@@ -200,3 +196,73 @@ def test_a_segment_the_server_evicts_is_let_go_and_its_frames_still_come_right(
         del again
         gc.collect()
         assert not any(str(s) in _mapped_files() for s in segments)
+
+
+def test_segments_rebuilt_by_another_process_are_referenced_as_rebuilt(
+    video_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server process that still maps a segment file evicted and rebuilt by another process (another worker, a
+    `warm`) references the file now at that path, which a new client can read, not the one it mapped."""
+    cache = tmp_path / "cache"
+    location = ["--root", str(video_root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+    with ServerProcess([video_root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
+        selection = episerve.Selection.of("cams-v3", None, COLUMNS)
+        indices = list(range(0, 300, 7))
+        expected = episerve.Client(server.url).take("cams-v3", indices, columns=COLUMNS)
+        assert episerve.Client(server.url, cache_dir=cache).read_take(selection, indices).table.equals(expected)
+        for arrow in cache.rglob("frames/*.arrow"):  # mapped by the server
+            arrow.with_suffix(".json").unlink()
+            arrow.unlink()
+        assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+        local = episerve.Client(server.url, cache_dir=cache)  # a new DataLoader worker, say
+        with caplog.at_level(logging.WARNING, logger="episerve"):
+            pages = local.read_take(selection, indices)
+        assert pages.table.equals(expected)
+        assert sum(b.size for b in pages.buffers) < expected[TOP_CAMERA].nbytes / 10  # read from the cache dir
+        assert "come over HTTP" not in caplog.text
+
+
+def test_a_client_lets_go_of_segment_files_rebuilt_since_it_mapped_them(video_root: Path, tmp_path: Path) -> None:
+    """A segment file evicted from the video cache keeps its disk space while it is mapped: a client that finds
+    it rebuilt unmaps the old one, as the server does."""
+    cache = tmp_path / "cache"
+    location = ["--root", str(video_root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+
+    def unlinked_maps() -> list[str]:
+        gc.collect()
+        lines = Path("/proc/self/maps").read_text().splitlines()
+        return [line for line in lines if str(cache) in line and line.endswith("(deleted)")]
+
+    with ServerProcess([video_root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
+        local = episerve.Client(server.url, cache_dir=cache)
+        expected = episerve.Client(server.url).take("cams-v3", list(range(0, 300, 7)), columns=COLUMNS)
+        assert local.take("cams-v3", list(range(0, 300, 7)), columns=COLUMNS).equals(expected)
+        for arrow in cache.rglob("frames/*.arrow"):
+            arrow.with_suffix(".json").unlink()
+            arrow.unlink()
+        assert run_cli("warm", "cams-v3", "--videos", *location).returncode == 0
+        assert local.take("cams-v3", list(range(0, 300, 7)), columns=COLUMNS).equals(expected)
+        assert unlinked_maps() == []
+
+
+def test_a_segment_file_that_cannot_be_mapped_is_unavailable_not_an_error(tmp_path: Path) -> None:
+    """Whatever stops a referenced file from being mapped here (an empty file; no descriptor left, a shared volume
+    without `mmap`) makes the take's frames come over HTTP, not fail it."""
+    empty = tmp_path / "frames.arrow"
+    empty.touch()
+    stat = empty.stat()
+    entry = {"path": empty.name, "bytes": 0, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns}
+    references = pa.StructArray.from_arrays([pa.array([0], pa.int32()), pa.array([0], pa.int64())], ["segment", "row"])
+    described = {"shape": [2, 2, 3], "segments": [entry]}
+    field = pa.field("camera", references.type, metadata={METADATA_KEY: orjson.dumps(described)})
+    with pytest.raises(FramesUnavailable, match="cannot map"):
+        LocalFrames(tmp_path).resolve(pa.Table.from_arrays([references], schema=pa.schema([field])))
+
+
+def test_a_dataset_given_as_a_client_takes_cache_dir_from_it(warmed: ServerProcess) -> None:
+    with pytest.raises(ValueError, match="cache_dir is a setting of the Client"):
+        episerve.EpisodeDataset(episerve.Client(warmed.url), "cams-v3", cache_dir=warmed.cache_dir)
+    dataset = episerve.EpisodeDataset(episerve.Client(warmed.url, cache_dir=warmed.cache_dir), "cams-v3")
+    assert dataset.client.local_frames is not None

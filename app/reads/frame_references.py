@@ -47,7 +47,12 @@ def frame_references(
     segments = []
     for path in files:
         segment = frame_segment(dataset, path, feature, may_block)
-        if segment is None or segment.path is None:
+        if segment is not None and not segment.at_path():
+            # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
+            # this map holds. Map the one there now (if any).
+            dataset.frames.lru.discard(str(segment.path))
+            segment = frame_segment(dataset, path, feature, may_block)
+        if segment is None or not segment.at_path():
             return None
         segments.append(segment)
     segment_of = np.empty(len(located.episodes), dtype=np.int32)

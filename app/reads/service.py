@@ -425,7 +425,7 @@ def _complete(
     cameras = dataset.info().videos
     windowed = spec.offsets if spec is not None else {}
     plain = [name for name in names or [] if name in cameras and name not in windowed]
-    if plain and frame_references and len(rows):
+    if plain and frame_references and len(rows) and dataset.limits.video_cache_policy != "on-demand":
         located = locate_rows(dataset, index, view, rows, may_block)
         source = dataset.source()
         for key in list(plain):

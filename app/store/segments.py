@@ -105,6 +105,17 @@ class Segment:
             return True  # unlinked: the mapped inode lives on, untouched
         return stat.st_ino != self.inode or stat.st_size >= self.nbytes
 
+    def at_path(self) -> bool:
+        """Whether the file at `path` is still the one mapped here (not unlinked by an eviction, nor replaced by a
+        rebuild in another process): what a reader of that path would find."""
+        if self.path is None:
+            return False
+        try:
+            stat = os.stat(self._path_text)
+        except OSError:
+            return False
+        return (stat.st_ino, stat.st_size, stat.st_mtime_ns) == (self.inode, self.nbytes, self.mtime_ns)
+
     def slice(self, start: int, stop: int, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         """Rows [start, stop) as zero-copy slices of the stored batches."""
         number = int(np.searchsorted(self.batch_offsets, start, side="right")) - 1

@@ -343,6 +343,17 @@ class Client:
         return state
 
 
+def connect(
+    url: str | Client, token: str | None, retries: Retries | int | None, cache_dir: str | os.PathLike[str] | None
+) -> Client:
+    """A dataset's client: `url` itself if it is a `Client` (which has its own settings), else a new one."""
+    if not isinstance(url, Client):
+        return Client(url, token, retries=retries, cache_dir=cache_dir)
+    if cache_dir is not None:
+        raise ValueError("cache_dir is a setting of the Client: pass Client(url, cache_dir=...) instead")
+    return url
+
+
 def _path(dataset_id: str, suffix: str = "") -> str:
     return f"/datasets/{quote(dataset_id, safe='/')}{suffix}"
 

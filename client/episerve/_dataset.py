@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from episerve._batch import Batch
-from episerve._client import Client
+from episerve._client import Client, connect
 from episerve._columns import table_columns
 from episerve._episodes import Episodes
 from episerve._outputs import Output, allocator, resolve_output, to_output
@@ -59,7 +59,7 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         retries: Retries | int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.client = url if isinstance(url, Client) else Client(url, token, retries=retries, cache_dir=cache_dir)
+        self.client = connect(url, token, retries, cache_dir)
         self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
         self.transform = transform
         self.decode_images = decode_images

@@ -29,7 +29,8 @@ from episerve._numpy import fixed_width
 METADATA_KEY = b"episerve.frames"
 _FRAME = "frame"  # the pixels column of a decoded-frame segment
 _OPEN_FILES = 16  # segment files kept mapped per process
-_MISSES_BEFORE_GIVING_UP = 3  # takes in a row whose references could not be read
+_MISSES_BEFORE_PAUSING = 3  # takes in a row whose references could not be read...
+_PAUSE_SECONDS = 60.0  # ...make the process ask for pixels only, for this long
 _UNLINKED_CHECK_SECONDS = 1.0  # how often mapped files are checked for eviction by the server
 
 log = logging.getLogger("episerve")
@@ -47,7 +48,7 @@ class LocalFrames:
         if not directory.is_dir():
             raise ValueError(f"cache_dir {str(directory)!r} is not a directory")
         self.cache_dir = directory.resolve()
-        self.in_use = True  # False after repeated misses: this directory is not the server's cache
+        self._paused_until = 0.0  # `time.monotonic()`, the same clock in every process of the machine
         self._misses = 0
         self._open: OrderedDict[tuple[Any, ...], _MappedSegment] = OrderedDict()
         self._lock = threading.Lock()
@@ -57,11 +58,16 @@ class LocalFrames:
         return f"LocalFrames({str(self.cache_dir)!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"cache_dir": self.cache_dir, "in_use": self.in_use}
+        return {"cache_dir": self.cache_dir, "paused_until": self._paused_until}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["cache_dir"])  # type: ignore[misc]
-        self.in_use = state["in_use"]
+        self._paused_until = state["paused_until"]
+
+    @property
+    def in_use(self) -> bool:
+        """Whether takes ask for references: not for a while after a few takes in a row could not read them."""
+        return time.monotonic() >= self._paused_until
 
     def resolve(self, table: pa.Table) -> pa.Table:
         """`table` with each referenced camera column replaced by its frames (`FramesUnavailable` if some
@@ -75,13 +81,19 @@ class LocalFrames:
         return table
 
     def missed(self, error: FramesUnavailable) -> None:
-        """Note a take whose references could not be read; after a few in a row, stop asking for them."""
+        """Note a take whose references could not be read; after a few in a row, ask for pixels for a while."""
         self._misses += 1
         if self._misses == 1:
             log.warning("camera frames of a take come over HTTP: %s", error)
-        if self._misses >= _MISSES_BEFORE_GIVING_UP and self.in_use:
-            self.in_use = False
-            log.warning("%d takes in a row could not read frames from %s; reading them over HTTP", self._misses, self)
+        if self._misses % _MISSES_BEFORE_PAUSING == 0:
+            self._paused_until = time.monotonic() + _PAUSE_SECONDS
+            if self._misses == _MISSES_BEFORE_PAUSING:
+                log.warning(
+                    "%d takes in a row could not read frames from %s; reading them over HTTP for %.0f s at a time",
+                    self._misses,
+                    self,
+                    _PAUSE_SECONDS,
+                )
 
     def _drop_unlinked(self) -> None:
         """Let go of mapped files the server has evicted (at most once a second), so their disk space is freed."""
@@ -107,16 +119,18 @@ class LocalFrames:
 
     def _segment(self, entry: dict[str, Any], kind: pa.FixedShapeTensorType) -> _MappedSegment:
         path = self.cache_dir / entry["path"]
-        if not path.resolve().is_relative_to(self.cache_dir):
-            raise FramesUnavailable(f"segment path {entry['path']!r} lies outside {self.cache_dir}")
         key = (str(path), entry["bytes"], entry["inode"], entry["mtime_ns"], tuple(kind.shape))
         with self._lock:
             segment = self._open.get(key)
             if segment is not None:
                 self._open.move_to_end(key)
                 return segment
+        if not path.resolve().is_relative_to(self.cache_dir):
+            raise FramesUnavailable(f"segment path {entry['path']!r} lies outside {self.cache_dir}")
         segment = _MappedSegment(path, entry, kind)
         with self._lock:
+            for stale in [k for k in self._open if k[0] == key[0]]:  # the file at this path before a rebuild:
+                del self._open[stale]  # unmapped, so an evicted file's disk space is freed (as the server does)
             self._open[key] = segment
             while len(self._open) > _OPEN_FILES:
                 self._open.popitem(last=False)
@@ -135,7 +149,10 @@ class _MappedSegment:
             stat = os.fstat(descriptor)
             if (stat.st_size, stat.st_ino, stat.st_mtime_ns) != (entry["bytes"], entry["inode"], entry["mtime_ns"]):
                 raise FramesUnavailable(f"{path} is not the file the server has mapped (rebuilt, or another cache)")
-            mapped = mmap.mmap(descriptor, stat.st_size, prot=mmap.PROT_READ)
+            try:
+                mapped = mmap.mmap(descriptor, stat.st_size, prot=mmap.PROT_READ)
+            except (OSError, ValueError) as exc:  # no descriptor left for the map, a file system without mmap
+                raise FramesUnavailable(f"cannot map {path}: {exc}") from exc
         except BaseException:
             os.close(descriptor)
             raise

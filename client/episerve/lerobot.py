@@ -28,7 +28,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from episerve._batch import Batch, collate
-from episerve._client import Client
+from episerve._client import Client, connect
 from episerve._dataset import EpisodeDataset
 from episerve._retry import Retries
 from episerve._tensor_batch import TensorBatch, shared_empty
@@ -122,7 +122,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
         force_cache_sync: bool = False,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        client = url if isinstance(url, Client) else Client(url, token, retries=retries, cache_dir=cache_dir)
+        client = connect(url, token, retries, cache_dir)
         self.repo_id = repo_id
         self.meta = RemoteLeRobotDatasetMetadata(client, repo_id)
         self.episodes = list(episodes) if episodes is not None and not isinstance(episodes, str) else episodes
