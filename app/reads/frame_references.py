@@ -50,7 +50,7 @@ def frame_references(
         if segment is not None and not segment.at_path():
             # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
             # this map holds. Map the one there now (if any).
-            dataset.frames.lru.discard(str(segment.path))
+            dataset.forget_frames(segment)
             segment = frame_segment(dataset, path, feature, may_block)
         if segment is None or not segment.at_path():
             return None
@@ -70,7 +70,7 @@ def frame_references(
     )
     described = {
         "shape": [feature.height, feature.width, feature.channels],
-        "segments": [_described(segment, dataset.cache_dir.parent.parent) for segment in segments],
+        "segments": [_described(segment, dataset.cache_root) for segment in segments],
     }
     return pa.field(feature.key, REFERENCE_TYPE, metadata={METADATA_KEY: orjson.dumps(described)}), column
 

@@ -334,6 +334,16 @@ class Dataset:
         arrow = self.frames.paths(source.path).arrow
         return self.frame_budget.admit(arrow, estimated_segment_bytes(schema, source.rows))
 
+    def forget_frames(self, segment: Segment) -> None:
+        """Unmap a decoded-frame segment this process holds (e.g. one evicted or rebuilt by another process since),
+        so the next request maps the file now at its path."""
+        self.frames.lru.discard(str(segment.path))
+
+    @property
+    def cache_root(self) -> Path:
+        """The cache directory all datasets share (this dataset's lies in its `datasets/`)."""
+        return self.cache_dir.parent.parent
+
     def _used_frames(self, segment: Segment) -> Segment:
         self.frame_budget.touch(self.frames.paths(segment.source.path).arrow)
         return segment
