@@ -266,3 +266,23 @@ def test_a_dataset_given_as_a_client_takes_cache_dir_from_it(warmed: ServerProce
         episerve.EpisodeDataset(episerve.Client(warmed.url), "cams-v3", cache_dir=warmed.cache_dir)
     dataset = episerve.EpisodeDataset(episerve.Client(warmed.url, cache_dir=warmed.cache_dir), "cams-v3")
     assert dataset.client.local_frames is not None
+
+
+def test_a_mapped_segment_truncated_since_is_never_read(video_root: Path, tmp_path: Path) -> None:
+    """Reading a mapped page past the end of a truncated file kills the process (SIGBUS): a client re-checks the
+    size of every file it reads from on each take, as the server does."""
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    location = ["--root", str(root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams", "--episodes", "2", "--videos", *location).returncode == 0
+    with ServerProcess([root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server, server.client() as http:
+        body = {"episodes": [2], "indices": [40, 3], "columns": [TOP_CAMERA], "frames": "references"}
+        table = _take(http, "cams", body)
+    local = LocalFrames(cache)
+    frames = local.resolve(table).column(TOP_CAMERA).combine_chunks().to_numpy_ndarray()
+    assert frames.shape == (2, 64, 96, 3)
+    segment = cache / orjson.loads(table.schema.field(TOP_CAMERA).metadata[METADATA_KEY])["segments"][0]["path"]
+    with segment.open("r+b") as file:  # truncated in place, by something else than episerve
+        file.truncate(segment.stat().st_size // 2)
+    with pytest.raises(FramesUnavailable, match="is not the file the server has mapped"):
+        local.resolve(table)

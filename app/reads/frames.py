@@ -87,6 +87,7 @@ class FrameTimes:
     paths: np.ndarray
 
     def files(self) -> list[str]:
+        """The distinct video files, sorted."""
         return sorted(set(self.paths.tolist()))
 
 

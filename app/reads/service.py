@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from app.errors import InvalidInput, OverLimit, WouldBlock
 from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episodes
-from app.reads.frame_references import frame_references as frame_references_of
+from app.reads.frame_references import frame_references
 from app.reads.frames import frame_columns, locate_rows, view_schema
 from app.reads.pending_copies import PendingCopies
 from app.reads.requests import SliceRequest, TakeRequest
@@ -167,7 +167,7 @@ def answer_take(dataset: Dataset, request: TakeRequest, may_block: bool = True) 
         may_block,
         request.tolerance_s,
         defer_frames=True,
-        frame_references=request.frames == "references",
+        reference_frames=request.frames == "references",
     )
     batches = [b for b in taken.table.to_batches() if b.num_rows]
     headers = {"X-Total-Rows": str(taken.total_rows)}
@@ -271,11 +271,11 @@ def take(
     may_block: bool = True,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
     defer_frames: bool = False,
-    frame_references: bool = False,
+    reference_frames: bool = False,
 ) -> RowTake:
     """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included. With
     `defer_frames`, camera frames found in decoded-frame segments may be left `pending` (see `Answer`); with
-    `frame_references`, cameras whose frames all lie in such segments come as references to them (see
+    `reference_frames`, cameras whose frames all lie in such segments come as references to them (see
     `app.reads.frame_references`)."""
 
     def attempt(index: EpisodeIndex) -> RowTake:
@@ -298,7 +298,7 @@ def take(
         pending = PendingCopies() if defer_frames else None
         if spec is not None or stored != base:
             table = _complete(
-                dataset, index, view, wanted, table, base, spec, tolerance_s, may_block, pending, frame_references
+                dataset, index, view, wanted, table, base, spec, tolerance_s, may_block, pending, reference_frames
             )
         return RowTake(table, total, index.digest, pending or None)
 
@@ -417,19 +417,19 @@ def _complete(
     tolerance_s: float,
     may_block: bool = True,
     pending: PendingCopies | None = None,
-    frame_references: bool = False,
+    reference_frames: bool = False,
 ) -> pa.Table:
     """The stored columns of view `rows` in `table`, completed: camera frames decoded (or left `pending` where
-    a decoded-frame segment holds them, or with `frame_references` referenced there), windows applied, and the
+    a decoded-frame segment holds them, or with `reference_frames` referenced there), windows applied, and the
     columns in the order asked (windows' `<column>_is_pad` masks last)."""
     cameras = dataset.info().videos
     windowed = spec.offsets if spec is not None else {}
     plain = [name for name in names or [] if name in cameras and name not in windowed]
-    if plain and frame_references and len(rows) and dataset.limits.video_cache_policy != "on-demand":
+    if plain and reference_frames and len(rows) and dataset.limits.video_cache_policy != "on-demand":
         located = locate_rows(dataset, index, view, rows, may_block)
         source = dataset.source()
         for key in list(plain):
-            referenced = frame_references_of(dataset, source, source.info.videos[key], located, tolerance_s, may_block)
+            referenced = frame_references(dataset, source, source.info.videos[key], located, tolerance_s, may_block)
             if referenced is not None:
                 table = table.append_column(*referenced)
                 plain.remove(key)

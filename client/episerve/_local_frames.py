@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -26,9 +26,9 @@ import pyarrow as pa
 
 from episerve._numpy import fixed_width
 
-METADATA_KEY = b"episerve.frames"
+METADATA_KEY = b"episerve.frames"  # the server's `app.reads.frame_references.METADATA_KEY`: keep them in sync
 _FRAME = "frame"  # the pixels column of a decoded-frame segment
-_OPEN_FILES = 16  # segment files kept mapped per process
+_OPEN_FILES = 16  # segment files kept mapped per client and process
 _MISSES_BEFORE_PAUSING = 3  # takes in a row whose references could not be read...
 _PAUSE_SECONDS = 60.0  # ...make the process ask for pixels only, for this long
 _UNLINKED_CHECK_SECONDS = 1.0  # how often mapped files are checked for eviction by the server
@@ -122,10 +122,11 @@ class LocalFrames:
         key = (str(path), entry["bytes"], entry["inode"], entry["mtime_ns"], tuple(kind.shape))
         with self._lock:
             segment = self._open.get(key)
-            if segment is not None:
+            if segment is not None and segment.intact():
                 self._open.move_to_end(key)
                 return segment
-        if not path.resolve().is_relative_to(self.cache_dir):
+        relative = PurePosixPath(entry["path"])
+        if relative.is_absolute() or ".." in relative.parts:
             raise FramesUnavailable(f"segment path {entry['path']!r} lies outside {self.cache_dir}")
         segment = _MappedSegment(path, entry, kind)
         with self._lock:
@@ -156,7 +157,8 @@ class _MappedSegment:
         except BaseException:
             os.close(descriptor)
             raise
-        self._descriptor = descriptor  # kept to notice the file's eviction (`unlinked`)
+        self._descriptor = descriptor  # kept to notice the file's eviction and truncation (`unlinked`, `intact`)
+        self._size = stat.st_size
         self._closer = weakref.finalize(self, os.close, descriptor)
         try:
             reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
@@ -175,6 +177,14 @@ class _MappedSegment:
             return os.fstat(self._descriptor).st_nlink == 0
         except OSError:
             return True
+
+    def intact(self) -> bool:
+        """False if the file was truncated since it was mapped: reading a mapped page past its end would kill the
+        process with SIGBUS (one `fstat`, about a microsecond, per take)."""
+        try:
+            return os.fstat(self._descriptor).st_size >= self._size
+        except OSError:
+            return False
 
 
 def _runs(segments: list[_MappedSegment], segment_of: np.ndarray, row_of: np.ndarray) -> list[pa.Array]:
