@@ -170,6 +170,15 @@ def test_a_cache_dir_that_is_not_a_directory_is_a_value_error(tmp_path: Path) ->
         episerve.Client("http://127.0.0.1:1", cache_dir=tmp_path / "missing")
 
 
+def _warmed_copy(video_root: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the v2.1 demo as dataset `cams` (root, cache) with episode 2's cameras decoded into segments."""
+    root, cache = tmp_path / "root", tmp_path / "cache"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    location = ["--root", str(root), "--cache-dir", str(cache)]
+    assert run_cli("warm", "cams", "--episodes", "2", "--videos", *location).returncode == 0
+    return root, cache
+
+
 def _mapped_files() -> str:
     return Path("/proc/self/maps").read_text()
 
@@ -177,10 +186,7 @@ def _mapped_files() -> str:
 def test_a_segment_the_server_evicts_is_let_go_and_its_frames_still_come_right(
     video_root: Path, tmp_path: Path
 ) -> None:
-    root, cache = tmp_path / "root", tmp_path / "cache"
-    shutil.copytree(video_root / "cams-v21", root / "cams")
-    location = ["--root", str(root), "--cache-dir", str(cache)]
-    assert run_cli("warm", "cams", "--episodes", "2", "--videos", *location).returncode == 0
+    root, cache = _warmed_copy(video_root, tmp_path)
     with ServerProcess([root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server:
         local = episerve.Client(server.url, cache_dir=cache)
         expected = episerve.Client(server.url).take("cams", [3, 1], [2], COLUMNS)
@@ -271,10 +277,7 @@ def test_a_dataset_given_as_a_client_takes_cache_dir_from_it(warmed: ServerProce
 def test_a_mapped_segment_truncated_since_is_never_read(video_root: Path, tmp_path: Path) -> None:
     """Reading a mapped page past the end of a truncated file kills the process (SIGBUS): a client re-checks the
     size of every file it reads from on each take, as the server does."""
-    root, cache = tmp_path / "root", tmp_path / "cache"
-    shutil.copytree(video_root / "cams-v21", root / "cams")
-    location = ["--root", str(root), "--cache-dir", str(cache)]
-    assert run_cli("warm", "cams", "--episodes", "2", "--videos", *location).returncode == 0
+    root, cache = _warmed_copy(video_root, tmp_path)
     with ServerProcess([root], cache, env={"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}) as server, server.client() as http:
         body = {"episodes": [2], "indices": [40, 3], "columns": [TOP_CAMERA], "frames": "references"}
         table = _take(http, "cams", body)
@@ -286,3 +289,12 @@ def test_a_mapped_segment_truncated_since_is_never_read(video_root: Path, tmp_pa
         file.truncate(segment.stat().st_size // 2)
     with pytest.raises(FramesUnavailable, match="is not the file the server has mapped"):
         local.resolve(table)
+
+
+def test_consecutive_rows_come_as_runs_of_the_map(warmed: ServerProcess) -> None:
+    local = episerve.Client(warmed.url, cache_dir=warmed.cache_dir)
+    indices = [*range(10, 50), *range(5, 0, -1), 7, 7, 8]
+    table = local.take("cams-v3", indices, columns=COLUMNS)
+    assert table.equals(episerve.Client(warmed.url).take("cams-v3", indices, columns=COLUMNS))
+    # 40 consecutive rows in one run (two if a record batch ends among them), then 5 + 2 + 1 single rows
+    assert table[TOP_CAMERA].num_chunks <= 1 + 1 + 5 + 2 + 1

@@ -100,16 +100,18 @@ def frame_columns(
     tolerance_s: float,
     pending: PendingCopies | None = None,
     may_block: bool = True,
+    located: LocatedRows | None = None,
 ) -> dict[str, pa.Array]:
     """The frames of `keys` for view `rows` (any order, duplicates allowed), one column per key. Frames found
     in decoded-frame segments are left to `pending` when given (and at least `OWN_CHUNK_BYTES` each). Without
     `may_block`, only frames from segments this process has mapped, and at most `inline_read_bytes` of them
-    copied (else `WouldBlock`)."""
+    copied (else `WouldBlock`). `located`: `rows` located already (`locate_rows`)."""
     check_locatable(dataset, index)
     if len(rows) == 0:
         videos = dataset.info().videos
         return {key: _empty(videos[key].arrow_type) for key in keys}
-    located = locate_rows(dataset, index, view, rows, may_block)
+    if located is None:
+        located = locate_rows(dataset, index, view, rows, may_block)
     source = dataset.source()
     columns = {}
     for key in keys:

@@ -425,6 +425,7 @@ def _complete(
     cameras = dataset.info().videos
     windowed = spec.offsets if spec is not None else {}
     plain = [name for name in names or [] if name in cameras and name not in windowed]
+    located = None
     if plain and reference_frames and len(rows) and dataset.limits.video_cache_policy != "on-demand":
         located = locate_rows(dataset, index, view, rows, may_block)
         source = dataset.source()
@@ -434,7 +435,8 @@ def _complete(
                 table = table.append_column(*referenced)
                 plain.remove(key)
     if plain:
-        for key, frames in frame_columns(dataset, index, view, rows, plain, tolerance_s, pending, may_block).items():
+        columns = frame_columns(dataset, index, view, rows, plain, tolerance_s, pending, may_block, located)
+        for key, frames in columns.items():
             table = table.append_column(pa.field(key, frames.type), frames)
     if spec is not None:
         table = _apply_windows(dataset, index, view, rows, table, spec, tolerance_s, may_block)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from episerve._blobs import DeferredBlobs
-from episerve._client import Client
+from episerve._client import Client, connect
 from episerve._columns import Column, Columns, table_columns
 from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
@@ -83,7 +83,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
             raise ValueError("chunk_rows must be at least 1")
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1 (or None for samples)")
-        self.client = url if isinstance(url, Client) else Client(url, token, retries=retries)
+        self.client = connect(url, token, retries, None)
         self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
         self.chunk_rows = chunk_rows
         self.batch_size = batch_size

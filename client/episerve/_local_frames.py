@@ -189,20 +189,22 @@ class _MappedSegment:
 
 def _runs(segments: list[_MappedSegment], segment_of: np.ndarray, row_of: np.ndarray) -> list[pa.Array]:
     """The referenced frames in order, as slices of the maps: one per run of consecutive rows of one batch."""
-    chunks: list[pa.Array] = []
-    run: tuple[_MappedSegment, int, int, int] | None = None  # segment, batch, first row in it, length
-    for number, row in zip(segment_of.tolist(), row_of.tolist(), strict=True):
-        segment = segments[number]
-        if not 0 <= row < segment.offsets[-1]:
-            raise FramesUnavailable(f"row {row} is past the end of a segment of {segment.offsets[-1]} frames")
-        batch = int(np.searchsorted(segment.offsets, row, side="right")) - 1
-        within = row - int(segment.offsets[batch])
-        if run is not None and run[0] is segment and run[1] == batch and run[2] + run[3] == within:
-            run = (segment, batch, run[2], run[3] + 1)
-            continue
-        if run is not None:
-            chunks.append(run[0].tensors[run[1]].slice(run[2], run[3]))
-        run = (segment, batch, within, 1)
-    if run is not None:
-        chunks.append(run[0].tensors[run[1]].slice(run[2], run[3]))
-    return chunks
+    if len(row_of) == 0:
+        return []
+    batch_of = np.empty_like(row_of)
+    within = np.empty_like(row_of)
+    for number, segment in enumerate(segments):
+        here = np.flatnonzero(segment_of == number)
+        rows = row_of[here]
+        if len(rows) and (rows.min() < 0 or rows.max() >= segment.offsets[-1]):
+            raise FramesUnavailable(f"a row is past the end of a segment of {segment.offsets[-1]} frames")
+        batch_of[here] = np.searchsorted(segment.offsets, rows, side="right") - 1
+        within[here] = rows - segment.offsets[batch_of[here]]
+    breaks = (np.diff(segment_of) != 0) | (np.diff(batch_of) != 0) | (np.diff(within) != 1)
+    starts = [0, *(np.flatnonzero(breaks) + 1).tolist()]
+    stops = [*starts[1:], len(row_of)]
+    segment_at, batch_at, within_at = (values[starts].tolist() for values in (segment_of, batch_of, within))
+    return [
+        segments[segment].tensors[batch].slice(row, stop - start)
+        for segment, batch, row, start, stop in zip(segment_at, batch_at, within_at, starts, stops, strict=True)
+    ]
