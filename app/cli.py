@@ -191,7 +191,8 @@ def _serve(settings: Settings) -> int:
             log_config=None,
             access_log=False,
             http=functools.partial(
-                BoundedHttpToolsProtocol, limits=HeadLimits(settings.max_header_bytes, settings.header_timeout_s)
+                BoundedHttpToolsProtocol,
+                limits=HeadLimits(settings.max_header_bytes, settings.header_timeout_s, settings.send_timeout_s),
             ),
             loop="uvloop",
             timeout_graceful_shutdown=5,
