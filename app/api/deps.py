@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.auth import TokenCheck, TokenVerifier
 from app.errors import InvalidInput, OverLimit, ProblemError, TryLater
-from app.reads.requests import validated, validation_detail
+from app.reads.requests import merged_query, validated, validation_detail
 from app.settings import Settings
 from app.store.catalog import Catalog
 from app.store.dataset import Dataset
@@ -73,13 +73,15 @@ def check_token(request: Request) -> None:
 
 async def reject_unknown_query(request: Request) -> None:
     """422 when the query holds a parameter the matched route does not declare: a misspelled `episode=` must
-    not silently select every episode. The detail names each one, the nearest declared name and all of them."""
+    not silently select every episode. The detail names each one, the nearest declared name and all of them.
+    Also 422 for a repeated parameter other than a list-valued one (see `merged_query`)."""
     if not request.scope.get("query_string"):
         return
     accepted = declared_query_names(request.scope["route"])
     unknown = [name for name in dict.fromkeys(request.query_params.keys()) if name not in accepted]
     if unknown:
         raise InvalidInput(unknown_query_detail(unknown, accepted))
+    merged_query(request.query_params.multi_items())  # 422 for a repeated parameter that is not a list
 
 
 def declared_query_names(route: APIRoute) -> frozenset[str]:

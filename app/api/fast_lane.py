@@ -152,10 +152,7 @@ class FastLane:
 
 
 def _parsed_slice(scope: Scope) -> SliceRequest:
-    pairs = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
-    if len({name for name, _ in pairs}) != len(pairs):
-        raise ProblemError("a repeated query parameter")  # left to the route, which reads the last one
-    return SliceRequest.from_query(pairs)
+    return SliceRequest.from_query(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
 
 
 def _declared_within(scope: Scope, limit: int) -> bool:
