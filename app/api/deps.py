@@ -14,6 +14,7 @@ import orjson
 from fastapi import Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from app.auth import TokenCheck, TokenVerifier
 from app.errors import InvalidInput, OverLimit, ProblemError, TryLater
@@ -155,6 +156,8 @@ async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
                     raise OverLimit(f"the body is larger than the limit of {max_bytes} bytes", max_bytes)
     except TimeoutError as exc:
         raise body_timeout(timeout_s) from exc
+    except ClientDisconnect as exc:  # nobody hears the answer; a problem, not an unhandled error, so no traceback
+        raise ProblemError("the client closed the connection before its whole body arrived") from exc
     return decode_json_body(body, model)
 
 
