@@ -157,7 +157,10 @@ def test_wrong_content_type_is_415(http: httpx.Client) -> None:
 
 def test_unknown_route_and_method_are_problems(http: httpx.Client) -> None:
     assert_problem(http.get("/nowhere"), 404, "/nowhere")
-    assert_problem(http.delete("/datasets"), 405)
+    assert_problem(http.delete("/datasets"), 405, "DELETE is not allowed on /datasets; allowed: GET")
+    assert http.delete("/datasets").headers["allow"] == "GET"
+    assert "POST" in http.put(f"{V3}/rows/take").headers["allow"].split(", ")
+    assert set(http.delete(f"{V3}/rows").headers["allow"].split(", ")) == {"GET", "POST"}
 
 
 @pytest.mark.parametrize(
