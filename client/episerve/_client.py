@@ -32,8 +32,8 @@ from episerve._transport import (
     Transport,
     TransportError,
     UnsupportedURL,
-    transport_for,
 )
+from episerve._transport_choice import transport_for
 
 __version__ = "0.1.0"
 
