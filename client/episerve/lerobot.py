@@ -30,6 +30,7 @@ from torch.utils.data import get_worker_info
 from episerve._batch import Batch, collate
 from episerve._client import Client, connect
 from episerve._dataset import EpisodeDataset
+from episerve._episodes import episode_count
 from episerve._retry import Retries
 from episerve._tensor_batch import TensorBatch, shared_empty
 
@@ -172,7 +173,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
         if self.episodes is None:
             return self.meta.total_episodes
         if isinstance(self.episodes, str):
-            return len(_expand_spec(self.episodes))
+            return episode_count(self.episodes)
         return len(self.episodes)
 
     collate = staticmethod(collate)
@@ -290,14 +291,6 @@ def _delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float |
     if delta_timestamps is None or not fps:
         return None
     return {key: [round(d * fps) for d in deltas] for key, deltas in delta_timestamps.items()}
-
-
-def _expand_spec(spec: str) -> set[int]:
-    ids: set[int] = set()
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        first, _, last = part.partition("-")
-        ids.update(range(int(first), int(last or first) + 1))
-    return ids
 
 
 def _require_pillow() -> None:
