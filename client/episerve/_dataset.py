@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from episerve._batch import Batch
 from episerve._client import Client, connect
+from episerve._collate import Batch
 from episerve._columns import table_columns
 from episerve._episodes import Episodes
 from episerve._outputs import Output, allocator, resolve_output, to_output

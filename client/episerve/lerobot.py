@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from episerve._batch import Batch, collate
 from episerve._client import Client, connect
+from episerve._collate import Batch, collate
 from episerve._dataset import EpisodeDataset
 from episerve._episodes import episode_count
 from episerve._retry import Retries
