@@ -3,9 +3,9 @@ itself; these tests hold the two definitions equal."""
 
 from __future__ import annotations
 
-from app.reads import arrow_ipc, frame_references
+from app.reads import arrow_ipc, frame_references, windows
 from app.settings import Settings
-from episerve import _client, _local_frames
+from episerve import _client, _local_frames, _output_lerobot
 
 
 def test_frame_references_are_described_under_one_metadata_key() -> None:
@@ -20,3 +20,7 @@ def test_the_client_first_pages_by_the_server_default_limits() -> None:
     defaults = Settings.model_fields
     assert defaults["max_rows_per_response"].default == _client._PAGE_ROWS
     assert defaults["max_take_indices"].default == _client._TAKE_INDICES
+
+
+def test_window_padding_masks_have_one_suffix() -> None:
+    assert _output_lerobot.PAD_SUFFIX == windows.PAD_SUFFIX

@@ -33,18 +33,18 @@ class LeRobotFormatter:
     def __init__(
         self,
         *,
-        video_keys: Sequence[str] = (),
-        image_keys: Sequence[str] = (),
-        stored: Sequence[str] = (),
-        windows: Mapping[str, Sequence[float]] | None = None,
-        tasks: Mapping[int, str] | None = None,
+        video_keys: Sequence[str],
+        image_keys: Sequence[str],
+        stored: Sequence[str],
+        windows: Mapping[str, Sequence[float]] | None,
+        tasks: Mapping[int, str],
         image_transforms: Callable[[Any], Any] | None = None,
     ) -> None:
         self.video_keys = list(video_keys)
         self.image_keys = set(image_keys)
         self.stored = list(stored)
         self.windows = dict(windows or {})
-        self.tasks = dict(tasks or {})
+        self.tasks = dict(tasks)
         self.image_transforms = image_transforms
 
     def frames(self, parts: list[np.ndarray]) -> Any:

@@ -215,7 +215,12 @@ def test_lerobot_samples_are_an_output_of_the_registry() -> None:
     from episerve._outputs import formatter
 
     output = formatter(
-        "lerobot", video_keys=["cam"], stored=["action", "task_index"], windows={"cam": [0.0]}, tasks={1: "stack"}
+        "lerobot",
+        video_keys=["cam"],
+        image_keys=[],
+        stored=["action", "task_index"],
+        windows={"cam": [0.0]},
+        tasks={1: "stack"},
     )
     frames = np.arange(2 * 1 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 1, 4, 5, 3)
     table = pa.table(
