@@ -24,11 +24,11 @@ import pytest
 from app.demo import TOP_CAMERA, WRIST_CAMERA, write_demo_dataset
 from app.reads.episode_spec import parse_episode_spec
 from app.reads.frames import video_files_needed
-from app.reads.service import take
 from app.settings import Settings
 from app.sources.decoders import DecoderPool
 from app.sources.video import decode_nearest, frame_schema, video_features
 from app.store.catalog import Catalog
+from tests.direct_reads import take
 from tests.support import ServerProcess, eventually, read_stream
 from tests.test_operations import metric, run_cli
 from tests.video_oracle import decode_video, episode_video, frames_for_rows

@@ -49,6 +49,7 @@ def catalog_of(request: Request) -> Catalog:
 # Scope keys the fast lane sets on a request it passes on, so the route does not repeat its work.
 TOKEN_ACCEPTED = "episerve.token_accepted"  # the bearer token was checked and accepted
 PARSED_REQUEST = "episerve.request"  # the request, parsed and validated by its model
+PREPARED_READ = "episerve.read"  # the request's read, decided not quick: the route answers it in the thread pool
 
 
 async def require_token(request: Request) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from app.reads.segment_memo import remembered
 from app.store.segments import Segment
 
 _SHORT_VALUE_BYTES = 256  # variable-width values this long on average are gathered by one fancy-index
@@ -297,7 +298,7 @@ def mapped_columns(segment: Segment, columns: list[str] | None) -> MappedColumns
         kinds = gather_kinds(batches[0].schema) if batches else None
         return None if kinds is None else MappedColumns.of(batches, kinds)
 
-    return segment.derived(("mapped-columns", None if columns is None else tuple(columns)), locate)
+    return remembered(segment, ("mapped-columns", None if columns is None else tuple(columns)), locate)
 
 
 def segment_part(segment: Segment, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None) -> Part | None:

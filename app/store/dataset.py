@@ -4,8 +4,9 @@ Every read works on one snapshot of the episode index. Source files a read touch
 snapshot's fingerprints first; when one changed, the index is reloaded and the read starts over, so a stale
 row is never served. Every `rescan_interval_s`, the dataset's directories, metadata files and source files are
 stat'ed again, so files added, removed or rewritten are noticed (and the index rebuilt) without a restart.
-Reads that must not block (see `app.reads`) say so with `may_block=False`: then anything
-that would load, map, build or reload raises `WouldBlock` before doing it.
+A read that must not block (see `app.reads.view_read`) asks only for what is at hand: the current snapshot when
+it needs neither loading nor a look (`current_index`), segments this process has mapped (`mapped_segment`,
+`mapped_frame_segment`).
 
 In an object store, whatever reads the store for a request (loading or reloading the index, building a segment,
 reading rows cold) is waited for only until the request's deadline (`app.store.store_waits`). A store that fails
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from app.errors import DatasetError, TryLater, WouldBlock
+from app.errors import DatasetError, TryLater
 from app.settings import Settings
 from app.sources import DatasetInfo, DatasetPath, Source, SourceFingerprint, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
@@ -196,19 +197,18 @@ class Dataset:
         full = self._full_view
         return full if full is not None and self._index is index else EpisodeView.of(index)
 
-    def with_fresh_index(self, attempt: Callable[[EpisodeIndex], T], may_block: bool = True) -> T:
-        """`attempt` on the current index, reloaded and retried when a source file changed under it."""
+    def current_index(self) -> EpisodeIndex | None:
+        """The current snapshot if it is at hand: loaded, and not due a look at the files (else None)."""
         index = self._index
-        if index is None or self._look_due():
-            if not may_block:
-                raise WouldBlock(f"the index of dataset {self.id!r} is not loaded yet, or its files are due a look")
-            index = self.index()
+        return None if index is None or self._look_due() else index
+
+    def with_fresh_index(self, attempt: Callable[[EpisodeIndex], T]) -> T:
+        """`attempt` on the current index, reloaded and retried when a source file changed under it."""
+        index = self.index()
         for _ in range(_ATTEMPTS):
             try:
                 return attempt(index)
             except SourceChanged:
-                if not may_block:
-                    raise WouldBlock(f"a source file of dataset {self.id!r} changed") from None
                 index = self.reload(index)
         raise TryLater(f"source files of dataset {self.id!r} keep changing; retry later")
 
@@ -223,16 +223,13 @@ class Dataset:
 
     # -- rows of the files ---------------------------------------------------------------------------------------
 
-    def segment(self, index: EpisodeIndex, number: int, may_block: bool = True) -> Segment:
-        """The segment of source file `number`, built first if needed; without `may_block`, only if this process
-        has it mapped already (else `WouldBlock`)."""
-        source = index.files[number]
-        if may_block:
-            return self._built(source, index.schema)
-        segment = self.segments.opened(source)
-        if segment is None:
-            raise WouldBlock(f"segment of {source.path} is not mapped yet")
-        return segment
+    def segment(self, index: EpisodeIndex, number: int) -> Segment:
+        """The segment of source file `number`, built first if needed."""
+        return self._built(index.files[number], index.schema)
+
+    def mapped_segment(self, index: EpisodeIndex, number: int) -> Segment | None:
+        """The segment of source file `number` if this process has it mapped already."""
+        return self.segments.opened(index.files[number])
 
     def row_sources(self, index: EpisodeIndex, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
         """Per touched file, its segment; or, while the segment is not built yet, its rows read cold from the
@@ -300,17 +297,16 @@ class Dataset:
             known = self._other_files[rel] = source.fingerprint(rel)[0]
         return known
 
-    def frame_segment(self, rel: str, schema: pa.Schema, build: bool, may_block: bool = True) -> Segment | None:
+    def mapped_frame_segment(self, rel: str) -> Segment | None:
+        """The decoded-frame segment of video file `rel` if this process has it mapped already."""
+        mapped = self.frames.opened(self.file_fingerprint(rel))
+        return None if mapped is None else self._used_frames(mapped)
+
+    def frame_segment(self, rel: str, schema: pa.Schema, build: bool) -> Segment | None:
         """The decoded-frame segment of video file `rel` if it is built; else None (decode on demand), and with
         `build` its build queued in the background if the video cache budget has room for it. The request that
-        finds a video cold is answered by decoding on demand, not after decoding the whole file. Without
-        `may_block`, only a segment this process has mapped already (else `WouldBlock`)."""
+        finds a video cold is answered by decoding on demand, not after decoding the whole file."""
         source = self.file_fingerprint(rel)
-        if not may_block:
-            mapped = self.frames.opened(source)
-            if mapped is None:
-                raise WouldBlock(f"the decoded-frame segment of {rel} is not mapped yet")
-            return self._used_frames(mapped)
         segment = self.frames.open_if_built(source, schema)
         if segment is None:
             if build and not self.frames.queued(rel) and self._admit_frames(source, schema):

@@ -67,9 +67,10 @@ class SourceChanged(Exception):
     """The source file no longer matches the fingerprint the caller holds: reload the dataset."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Segment:
-    """An open, validated segment: zero-copy record batches over a memory map."""
+    """An open, validated segment: zero-copy record batches over a memory map (one object per map: compared and
+    hashed by identity)."""
 
     name: str
     source: SourceFingerprint
@@ -81,7 +82,6 @@ class Segment:
     mtime_ns: int | None = None  # with `inode` and `nbytes`, tells this file from a later rebuild at the same path
     _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
     _row_bytes: dict[tuple[str, ...] | None, float] = field(default_factory=dict, repr=False)
-    _derived: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._offsets_list = self.batch_offsets.tolist()
@@ -144,10 +144,6 @@ class Segment:
         return _remembered(
             self._row_bytes, key, lambda: sum(b.nbytes for b in self.projected(columns)) / max(1, self.num_rows)
         )
-
-    def derived(self, key: Any, compute: Callable[[], V]) -> V:
-        """What `compute` derives from this segment's maps, remembered under `key` (a few keys are kept)."""
-        return _remembered(self._derived, key, compute)
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> list[pa.RecordBatch]:
         """Rows at the given positions (ascending), gathered batch by batch so no whole column is touched."""
