@@ -26,12 +26,24 @@ from app.reads.episode_spec import parse_episode_spec
 from app.reads.frames import video_files_needed
 from app.settings import Settings
 from app.sources.decoders import DecoderPool
-from app.sources.video import decode_nearest, frame_schema, video_features
+from app.sources.source import DatasetPath, VideoFeature
+from app.sources.video import decode_nearest_into, frame_schema, video_features
 from app.store.catalog import Catalog
 from tests.direct_reads import take
 from tests.support import ServerProcess, eventually, read_stream
 from tests.test_operations import metric, run_cli
 from tests.video_oracle import decode_video, episode_video, frames_for_rows
+
+
+def decode_nearest(
+    root: DatasetPath, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
+    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,))."""
+    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+    places = np.arange(len(times)).reshape(-1, 1)
+    return frames, decode_nearest_into(frames, places, root, rel, times, feature, decoders)
+
 
 ROWS = ["episode_index", "frame_index"]
 

@@ -1,6 +1,7 @@
-"""Camera frames of view rows: each row's episode and timestamp locate its frame (LeRobot's rule, see
-`app.sources.video`); the frames a request needs are grouped by video file and decoded in one forward pass per
-file, then returned as an Arrow fixed-shape tensor column (uint8, (height, width, channels))."""
+"""Camera frames of view rows, the pieces `ViewRead` reads them with: each row's episode and timestamp locate its
+frame (LeRobot's rule, see `app.sources.video`); the frames a request needs are grouped by video file, found
+nearest in a decoded-frame segment (as views of its map) or decoded in one forward pass per file, and returned as
+an Arrow fixed-shape tensor column (uint8, (height, width, channels))."""
 
 from __future__ import annotations
 

@@ -79,10 +79,6 @@ class FrameBudget:
             return False
         return True
 
-    def used_bytes(self) -> int:
-        """Bytes of decoded-frame segments on disk now."""
-        return sum(r.nbytes for r in self._residents(exclude=None))
-
     def _residents(self, exclude: Path | None) -> list[_Resident]:
         residents = []
         for sidecar in self.datasets_dir.glob("*/frames/*.json"):
