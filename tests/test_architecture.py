@@ -57,3 +57,14 @@ def test_no_import_cycles() -> None:
         if module not in state:
             visit(module, [])
     assert cycles == []
+
+
+def test_the_api_reaches_the_store_only_through_reads() -> None:
+    reaching = [
+        f"{module} -> {dependency}"
+        for module, dependencies in _imports().items()
+        if module.startswith("app.api.")
+        for dependency in dependencies
+        if dependency.startswith("app.store")
+    ]
+    assert reaching == []

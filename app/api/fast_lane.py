@@ -37,17 +37,11 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.deps import (
-    PARSED_REQUEST,
-    PREPARED_READ,
-    TOKEN_ACCEPTED,
-    body_deadline,
-    check_declared_length,
-    check_json_content_type,
-    decode_json_body,
-    until,
-)
+from app.api.body_deadline import body_deadline, until
+from app.api.deps import PARSED_REQUEST, PREPARED_READ
+from app.api.json_body import check_declared_length, check_json_content_type, decode_json_body
 from app.api.rows import to_response
+from app.api.tokens import TOKEN_ACCEPTED
 from app.auth import TokenCheck
 from app.errors import ProblemError, WouldBlock
 from app.reads.requests import SliceRequest, TakeRequest

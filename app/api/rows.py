@@ -14,12 +14,13 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.routing import APIRoute
 
 from app.api.arrow_response import arrow_response
-from app.api.deps import PARSED_REQUEST, PREPARED_READ, get_dataset, json_body_schema, read_json_body, run_read
+from app.api.deps import PARSED_REQUEST, PREPARED_READ, get_dataset, run_read
+from app.api.json_body import json_body_schema, read_json_body
 from app.api.problems import problem_responses
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
+from app.reads.catalog import Dataset
 from app.reads.requests import SliceRequest, TakeRequest
 from app.reads.service import Answer, RowRead, SliceRead, TakeRead
-from app.store.dataset import Dataset
 
 router = APIRouter(tags=["rows"])
 
