@@ -221,7 +221,7 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     except ProblemError as exc:
         print(f"episerve-server warm: {exc.detail}", file=sys.stderr)
         return 2
-    rows_total = dataset.unbuilt_rows(needed)
+    rows_total = dataset.rows.unbuilt_rows(dataset.index(), needed)
     with tqdm(total=rows_total, unit="rows", unit_scale=True, desc=f"warming {dataset.id}") as bar:
         written = {"bytes": 0}
 

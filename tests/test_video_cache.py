@@ -279,7 +279,7 @@ def _queue_a_frame_build_and_stop(root: str, cache: str, rel: str) -> list[str]:
     dataset = catalog.get("long")
     dataset.index()
     schema = frame_schema(video_features(json.loads((Path(root) / "long/meta/info.json").read_text()))[TOP_CAMERA])
-    assert dataset.frame_segment(rel, schema, build=True) is None  # not built yet: queued
+    assert dataset.frames.segment(rel, schema, build=True) is None  # not built yet: queued
     segments.stop_background_builds()
     segments._background_builds("frames").shutdown(wait=True)
     return sorted(p.name for p in dataset.frames.directory.iterdir())

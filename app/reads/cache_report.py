@@ -26,7 +26,7 @@ def cache_report(dataset: Dataset, warmer: Warmer) -> dict[str, Any]:
                 "bytes_done": b.bytes_done,
                 "progress": b.rows_done / b.rows_total if b.rows_total else 1.0,
             }
-            for b in dataset.builds_in_progress()
+            for b in dataset.rows.building()
         ],
         "warming": job.as_dict() if job else None,
     }

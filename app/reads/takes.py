@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from app.reads.byte_gather import gather, segment_part
 from app.store.cold_reads import ColdRows
-from app.store.dataset import RowSource
+from app.store.row_files import RowSource
 from app.store.segments import Segment
 
 _ROW_SLICE_MAX = 4096  # up to this many wide rows, gather by per-row slices (see _gather_row_slices)

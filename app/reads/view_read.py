@@ -30,13 +30,14 @@ from app.reads.frames import (
     places_of,
 )
 from app.reads.pending_copies import PendingCopies
-from app.reads.takes import RowSource, gather_rows, project
+from app.reads.takes import gather_rows, project
 from app.reads.windows import DEFAULT_TOLERANCE_S, PAD_SUFFIX, WindowSpec, as_windows, pad_column, window_targets
 from app.sources.source import VideoFeature
 from app.sources.video import check_tolerance, decode_nearest_side_by_side, frame_schema
 from app.store.cold_reads import ColdRows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
+from app.store.row_files import RowSource
 from app.store.segments import Segment
 from app.store.views import EpisodeView
 
@@ -86,7 +87,7 @@ class ViewRead:
     def _rows_mapped(self, rows: RowsNeeded) -> bool:
         budget = self.dataset.limits.inline_read_bytes
         for number in rows.files(self.view):
-            segment = self._segments.get(number) or self.dataset.mapped_segment(self.index, number)
+            segment = self._segments.get(number) or self.dataset.rows.mapped(self.index, number)
             if segment is None or (rows.budgeted and rows.count * segment.row_bytes(rows.stored) > budget):
                 return False
             self._segments[number] = segment
@@ -105,7 +106,7 @@ class ViewRead:
         for key in rows.cameras:
             paths = {source.episode_clip(key, int(e)).path for e in np.unique(episodes)}
             for path in paths:
-                segment = self.dataset.mapped_frame_segment(path)
+                segment = self.dataset.frames.mapped_segment(path)
                 if segment is None:
                     return False
                 self._frame_segments[path] = segment
@@ -124,7 +125,7 @@ class ViewRead:
             return segment
         if not self.may_block:
             raise WouldBlock(f"segment of {self.index.files[number].path} is not mapped")
-        return self.dataset.segment(self.index, number)
+        return self.dataset.rows.segment(self.index, number)
 
     def frame_segment(self, path: str, feature: VideoFeature) -> Segment | None:
         """The decoded-frame segment of a video file, as the cache policy has it: built on first touch (budget
@@ -137,14 +138,14 @@ class ViewRead:
             return segment
         if not self.may_block:
             raise WouldBlock(f"the decoded-frame segment of {path} is not mapped")
-        return self.dataset.frame_segment(path, frame_schema(feature), build=policy == "first-touch")
+        return self.dataset.frames.segment(path, frame_schema(feature), build=policy == "first-touch")
 
     def _row_sources(self, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
         if all(number in self._segments for number in np.unique(files).tolist()):
             return {number: self._segments[number] for number in np.unique(files).tolist()}
         if not self.may_block:
             raise WouldBlock("rows of segments not mapped")
-        return self.dataset.row_sources(self.index, files, stored)
+        return self.dataset.rows.sources(self.index, files, stored)
 
     # -- rows ----------------------------------------------------------------------------------------------------
 
@@ -167,13 +168,13 @@ class ViewRead:
         try:
             table = gather_rows(sources, located, self.index.schema, names, self._cold_take)
         finally:
-            self.dataset.queue_builds(self.index, cold)
+            self.dataset.rows.queue_builds(self.index, cold)
         if cold:
             self.dataset.ensure_fresh(self.index, touched)  # the source files read must not have changed meanwhile
         return table
 
     def _cold_take(self, source: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
-        return self.dataset.cold_take(self.index, source, rows, names)
+        return self.dataset.rows.cold_take(self.index, source, rows, names)
 
     # -- camera frames -------------------------------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ class ViewRead:
             if segment is not None and not segment.at_path():
                 # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
                 # this map holds. Map the one there now (if any).
-                self.dataset.forget_frames(segment)
+                self.dataset.frames.forget(segment)
                 self._frame_segments.pop(path, None)
                 segment = self.frame_segment(path, feature)
             if segment is None or not segment.at_path():
@@ -280,7 +281,7 @@ class ViewRead:
         wanted, tolerance_s = times_of.wanted, self.options.tolerance_s
         check_tolerance(feature.key, located.episodes, located.frame_index, wanted, found, tolerance_s)
         order = located.order
-        return reference_column(feature, segments, segment_of[order], row_of[order], self.dataset.cache_root)
+        return reference_column(feature, segments, segment_of[order], row_of[order], self.dataset.frames.cache_root)
 
     # -- completing the stored columns ---------------------------------------------------------------------------
 

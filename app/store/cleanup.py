@@ -78,7 +78,7 @@ def _current_frame_segments(dataset: Dataset) -> set[str]:
     current = set()
     for rel, schema in built_frame_segments(dataset):
         with contextlib.suppress(ProblemError):  # a video gone or unreadable: its frames serve nothing
-            if dataset.frames.built_size(dataset.file_fingerprint(rel), schema) is not None:
+            if dataset.frames.built_size(dataset.frames.file_fingerprint(rel), schema) is not None:
                 current.add(SegmentStore.segment_name(rel))
     return current
 
