@@ -26,7 +26,7 @@ from app.logs import configure_logging
 from app.settings import Settings, is_remote_root
 from app.sources import DatasetPath
 from app.store.catalog import Catalog, locate_roots
-from app.store.segments import stop_background_builds
+from app.store.segment_builds import stop_background_builds
 from app.store.warming import Warmer
 
 log = logging.getLogger("episerve")

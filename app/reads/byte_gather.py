@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from app.reads.segment_memo import remembered
-from app.store.segments import Segment
+from app.store.mapped_segments import Segment
 
 _SHORT_VALUE_BYTES = 256  # variable-width values this long on average are gathered by one fancy-index
 

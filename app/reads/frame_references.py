@@ -23,7 +23,7 @@ import orjson
 import pyarrow as pa
 
 from app.sources.source import VideoFeature
-from app.store.segments import Segment
+from app.store.mapped_segments import Segment
 
 METADATA_KEY = b"episerve.frames"  # the client's `episerve._local_frames.METADATA_KEY`: keep them in sync
 REFERENCE_TYPE = pa.struct([pa.field("segment", pa.int32(), nullable=False), pa.field("row", pa.int64(), False)])

@@ -17,7 +17,7 @@ from app.sources.source import EpisodeClip, Source, VideoFeature
 from app.sources.video import FRAME, PTS, frame_schema, nearest_rows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
-from app.store.segments import Segment
+from app.store.mapped_segments import Segment
 
 TIMESTAMP = "timestamp"
 

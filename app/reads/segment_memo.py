@@ -8,7 +8,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from app.store.segments import Segment
+from app.store.mapped_segments import Segment
 
 V = TypeVar("V")
 _KEPT_PER_SEGMENT = 16  # derived values kept per segment (selections of columns, mostly)

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from app.reads.byte_gather import gather, segment_part
 from app.store.cold_reads import ColdRows
+from app.store.mapped_segments import Segment
 from app.store.row_files import RowSource
-from app.store.segments import Segment
 
 _ROW_SLICE_MAX = 4096  # up to this many wide rows, gather by per-row slices (see _gather_row_slices)
 _WIDE_ROW_BYTES = 2048

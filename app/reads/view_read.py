@@ -37,8 +37,8 @@ from app.sources.video import check_tolerance, decode_nearest_side_by_side, fram
 from app.store.cold_reads import ColdRows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
+from app.store.mapped_segments import Segment
 from app.store.row_files import RowSource
-from app.store.segments import Segment
 from app.store.views import EpisodeView
 
 

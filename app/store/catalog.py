@@ -21,7 +21,7 @@ from app.sources.decoders import DecoderPool
 from app.sources.object_store import ObjectStore, StoreOptions
 from app.store.dataset import Dataset
 from app.store.frame_budget import FrameBudget
-from app.store.segments import SegmentLRU
+from app.store.mapped_segments import SegmentLRU
 
 _ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 

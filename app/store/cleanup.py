@@ -11,7 +11,8 @@ from filelock import FileLock, Timeout
 
 from app.errors import ProblemError
 from app.store.dataset import Dataset
-from app.store.segments import STORE_DIRS, Removed, SegmentStore, clean_temps, remove_file
+from app.store.segment_files import STORE_DIRS, Removed, clean_temps, remove_file
+from app.store.segments import SegmentStore
 from app.store.verify import built_frame_segments
 
 

@@ -32,8 +32,11 @@ from app.sources.decoders import DecoderPool
 from app.store.episode_index import EpisodeIndex, load_or_build_index
 from app.store.frame_budget import FrameBudget
 from app.store.frame_cache import FrameCache
+from app.store.mapped_segments import Segment, SegmentLRU
 from app.store.row_files import RowFiles
-from app.store.segments import ProgressCallback, Segment, SegmentLRU, SegmentStore, SourceChanged, clean_temps
+from app.store.segment_builds import ProgressCallback
+from app.store.segment_files import clean_temps
+from app.store.segments import SegmentStore, SourceChanged
 from app.store.store_waits import on_store
 from app.store.views import EpisodeView
 

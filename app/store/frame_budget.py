@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from app.store.segments import SegmentLRU
+from app.store.mapped_segments import SegmentLRU
 
 TOUCH_INTERVAL_S = 1.0
 log = logging.getLogger("episerve.cache")

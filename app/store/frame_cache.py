@@ -15,7 +15,9 @@ import pyarrow as pa
 
 from app.sources import SourceFingerprint
 from app.store.frame_budget import FrameBudget
-from app.store.segments import Segment, SegmentLRU, SegmentStore, estimated_segment_bytes
+from app.store.mapped_segments import Segment, SegmentLRU
+from app.store.segment_files import estimated_segment_bytes
+from app.store.segments import SegmentStore
 
 
 class FrameCache(SegmentStore):

@@ -19,7 +19,9 @@ from app.sources import DatasetPath, Source
 from app.sources.files import is_remote_path
 from app.store.cold_reads import ColdRows, cold_read_memory
 from app.store.episode_index import EpisodeIndex
-from app.store.segments import BuildProgress, ProgressCallback, Segment, SegmentStore, SourceChanged
+from app.store.mapped_segments import Segment
+from app.store.segment_builds import BuildProgress, ProgressCallback
+from app.store.segments import SegmentStore, SourceChanged
 from app.store.store_waits import on_store
 
 RowSource = Segment | ColdRows  # where a read finds a file's rows: its segment, or (cold) the source file

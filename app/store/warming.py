@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from app.store.dataset import Dataset
-from app.store.segments import ProgressCallback
+from app.store.segment_builds import ProgressCallback
 
 log = logging.getLogger("episerve.cache")
 
