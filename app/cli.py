@@ -155,7 +155,8 @@ def _alive(pid: int) -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from app.demo import DEFAULT_CAMERAS, write_demo_dataset
+    from app.demo import write_demo_dataset
+    from app.demo_cameras import DEFAULT_CAMERAS
 
     try:
         cameras = {} if args.no_video else DEFAULT_CAMERAS

@@ -21,7 +21,8 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from app.demo import TOP_CAMERA, WRIST_CAMERA, write_demo_dataset
+from app.demo import write_demo_dataset
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from app.reads.episode_spec import parse_episode_spec
 from app.reads.frames import video_files_needed
 from app.settings import Settings
