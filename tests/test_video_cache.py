@@ -274,15 +274,15 @@ def _queue_a_frame_build_and_stop(root: str, cache: str, rel: str) -> list[str]:
     """In a fresh process: queue the background build of one video's frames as a first-touch read does, stop the
     process's background builds at once (as server shutdown does) and wait for the builder; return the files left
     in the frames directory."""
-    from app.store import segments
+    from app.store import segment_builds
 
     catalog = Catalog(Settings(roots=[Path(root)], cache_dir=Path(cache), build_batch_bytes=64 * 1024), [Path(root)])
     dataset = catalog.get("long")
     dataset.index()
     schema = frame_schema(video_features(json.loads((Path(root) / "long/meta/info.json").read_text()))[TOP_CAMERA])
     assert dataset.frames.segment(rel, schema, build=True) is None  # not built yet: queued
-    segments.stop_background_builds()
-    segments._background_builds("frames").shutdown(wait=True)
+    segment_builds.stop_background_builds()
+    segment_builds.background_builds("frames").shutdown(wait=True)
     return sorted(p.name for p in dataset.frames.directory.iterdir())
 
 

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,25 +46,32 @@ T = TypeVar("T")
 log = logging.getLogger("episerve.cache")
 
 
+@dataclass(frozen=True)
+class SharedCaches:
+    """What every dataset of a process shares: the LRU of mapped segments, the video cache budget, the decoders."""
+
+    lru: SegmentLRU
+    frame_budget: FrameBudget
+    decoders: DecoderPool
+
+    @classmethod
+    def of(cls, settings: Settings) -> SharedCaches:
+        lru = SegmentLRU(settings.max_open_segments)
+        budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, lru)
+        return cls(lru, budget, DecoderPool(settings.video_decoders, settings.video_decode_threads))
+
+
 class Dataset:
     """One dataset directory under a root, with its cache directory."""
 
     def __init__(
-        self,
-        dataset_id: str,
-        path: DatasetPath,
-        cache_dir: Path,
-        episode_column: str,
-        lru: SegmentLRU,
-        limits: Settings,
-        frame_budget: FrameBudget | None = None,
-        decoders: DecoderPool | None = None,
+        self, dataset_id: str, path: DatasetPath, cache_dir: Path, limits: Settings, shared: SharedCaches
     ) -> None:
         self.id = dataset_id
         self.path = path
         self.cache_dir = cache_dir
-        self.default_episode_column = episode_column
-        self.episode_column = episode_column
+        self.default_episode_column = limits.episode_column
+        self.episode_column = limits.episode_column
         self.limits = limits
         self._lock = threading.Lock()
         self._source: Source | None = None
@@ -74,11 +82,11 @@ class Dataset:
         self._looking = threading.Lock()
         self._looked_at = 0.0  # time.monotonic() of the last look at the files
         self.checked_at: float | None = None  # epoch seconds of the same moment
-        self.segments = SegmentStore(cache_dir / "segments", lru, limits.build_batch_bytes, limits.verify_on_open)
+        batch_bytes, verify, lru = limits.build_batch_bytes, limits.verify_on_open, shared.lru
+        self.segments = SegmentStore(cache_dir / "segments", lru, batch_bytes, verify)
         self.rows = RowFiles(path, self.segments, limits)
-        budget = frame_budget or FrameBudget(cache_dir.parent, limits.video_cache_bytes, lru)
-        self.frames = FrameCache(cache_dir / "frames", lru, budget, limits.build_batch_bytes, limits.verify_on_open)
-        self.decoders = decoders or DecoderPool(limits.video_decoders, limits.video_decode_threads)
+        self.frames = FrameCache(cache_dir / "frames", lru, shared.frame_budget, batch_bytes, verify)
+        self.decoders = shared.decoders
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
     @staticmethod
