@@ -62,6 +62,7 @@ class RowRead:
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
         self._plan: _Plan | None = None
+        self._quick = False
 
     def quick(self) -> bool:
         """Whether the read can be answered right away from what this process has mapped, decided before any row
@@ -70,11 +71,14 @@ class RowRead:
         if index is None:
             return False
         self._plan = self._planned(index)
-        return self._plan.decide()
+        self._quick = self._plan.decide()
+        return self._quick
 
     def answer(self) -> Answer | NotModified:
+        """The answer: on the event loop when `quick()` said so, else on a fresh snapshot (in the thread pool),
+        reusing what the decision prepared when the snapshot is the same."""
         plan = self._plan
-        if plan is not None and not plan.read.may_block:
+        if plan is not None and self._quick:
             try:
                 return plan.answer()
             except SourceChanged as exc:  # since the decision: reloading is the thread pool's
