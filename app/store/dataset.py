@@ -243,7 +243,7 @@ class Dataset:
             source = index.files[number]
             segment = self.segments.open_if_built(source, index.schema) if budget else None
             if segment is None and budget:
-                opening = functools.partial(ColdRows, self._source, source.path)  # type: ignore[arg-type]
+                opening = functools.partial(ColdRows, self._source, source.path, source.etag)  # type: ignore[arg-type]
                 try:
                     cold = self._on_store(source.path, opening)
                 except (OSError, pa.ArrowException) as exc:
