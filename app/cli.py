@@ -49,7 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     verify = commands.add_parser(
-        "verify", help="check episode indexes against the sources and cached segments against their checksums"
+        "verify",
+        help="check episode indexes against the sources and cached segments against their checksums",
+        epilog="exit status (as fsck's): 0 nothing wrong; 1 damage found and all of it repaired; 2 damage left "
+        "(segments without --rebuild, a dataset that could not be verified) or a usage error",
     )
     _add_location_flags(verify)
     verify.add_argument("dataset", nargs="?", help="dataset id (default: every dataset)")
@@ -275,7 +278,7 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
         print(f"episerve-server verify: {unknown_dataset(catalog, args.dataset)}", file=sys.stderr)
         return 2
     ids = [args.dataset] if args.dataset else catalog.ids()
-    damaged_left = 0
+    damaged_left = damage_found = 0
     for dataset_id in ids:
         try:
             report = verify(catalog.get(dataset_id), rebuild=args.rebuild)
@@ -283,6 +286,7 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
             print(f"{dataset_id}: cannot verify: {exc.detail}", file=sys.stderr)
             damaged_left += 1
             continue
+        damage_found += len(report.damaged) + (report.index_problem is not None)
         print(
             f"{dataset_id}: {report.checked} segments checked, {report.absent} not built, {len(report.damaged)} damaged"
         )
@@ -292,7 +296,14 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
             action = "rebuilt" if source in report.rebuilt else "NOT rebuilt (use --rebuild)"
             print(f"  {source}: {problem} -> {action}")
         damaged_left += len(report.damaged) - len(report.rebuilt)
-    return 1 if damaged_left else 0
+    return VERIFY_DAMAGE_LEFT if damaged_left else VERIFY_DAMAGE_REPAIRED if damage_found else 0
+
+
+# `verify`'s exit status, as fsck's: 0 nothing wrong; 1 damage found and all of it repaired (a damaged index.json
+# is always rebuilt; damaged segments with --rebuild); 2 damage left (segments without --rebuild, a dataset that
+# could not be verified), as for a usage error (an unknown dataset id, a bad flag).
+VERIFY_DAMAGE_REPAIRED = 1
+VERIFY_DAMAGE_LEFT = 2
 
 
 def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> int:

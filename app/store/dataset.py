@@ -33,7 +33,7 @@ from app.sources import DatasetInfo, DatasetPath, Source, SourceFingerprint, ope
 from app.sources.decoders import DecoderPool
 from app.sources.files import is_remote_path
 from app.store.cold_reads import ColdRows, cold_read_memory
-from app.store.episode_index import EpisodeIndex, load_or_build_index
+from app.store.episode_index import EpisodeIndex, file_identity, load_or_build_index
 from app.store.frame_budget import FrameBudget
 from app.store.segments import (
     BuildProgress,
@@ -82,6 +82,7 @@ class Dataset:
         self._other_files: dict[str, SourceFingerprint] = {}
         self._watched: list[str] = []
         self._stamp: tuple = ()
+        self._index_file: tuple[int, ...] | None = None  # `index.json` as loaded: its change is a reason to look
         self._looking = threading.Lock()
         self._looked_at = 0.0  # time.monotonic() of the last look at the files
         self.checked_at: float | None = None  # epoch seconds of the same moment
@@ -131,7 +132,9 @@ class Dataset:
         if size is not None:
             source.info.videos = {key: camera.resized(*size) for key, camera in source.info.videos.items()}
         column = source.info.episode_column or self.default_episode_column
-        index = load_or_build_index(source, column, self.cache_dir / "index.json")
+        index_path = self.cache_dir / "index.json"
+        index = load_or_build_index(source, column, index_path, self._index if column == self.episode_column else None)
+        self._index_file = file_identity(index_path)
         self._source, self._index, self._full_view = source, index, EpisodeView.of(index)
         self.episode_column, self._watched, self._stamp = column, watched, stamped
         self.segments.reader = self.frames.reader = source
@@ -149,11 +152,12 @@ class Dataset:
             return index
         try:
             self._mark_looked()
-            if stamp(self._watched) == self._stamp and self._sources_unchanged(index):
+            unchanged = file_identity(self.cache_dir / "index.json") == self._index_file
+            if unchanged and stamp(self._watched) == self._stamp and self._sources_unchanged(index):
                 return index
             if self._lock.locked():  # being read again, perhaps for a request that stopped waiting for it
                 return index
-            log.info("dataset %s: source files or metadata changed; re-reading its index", self.id)
+            log.info("dataset %s: source files, metadata or index.json changed; re-reading its index", self.id)
             try:
                 return self._on_store(None, lambda: self._reloaded(index))
             except DatasetError as exc:  # e.g. a file still being written, the store down: keep the snapshot
