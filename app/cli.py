@@ -12,7 +12,6 @@ import functools
 import os
 import shlex
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -178,13 +177,15 @@ def serve_command(dataset_dir: Path) -> str:
 
 def _serve(settings: Settings) -> int:
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
     from app.api.http_protocol import BoundedHttpToolsProtocol, HeadLimits
+    from app.logs import configure_logging
+    from app.supervisor import Supervisor
 
-    # uvicorn re-raises SIGTERM once it has shut down; exiting through SystemExit lets `finally` clean up.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    configure_logging(settings.log_level, settings.log_format)  # the supervisor's own lines
     try:
-        uvicorn.run(
+        config = uvicorn.Config(
             "app.main:app_from_environment",
             factory=True,
             host=settings.host,
@@ -199,9 +200,13 @@ def _serve(settings: Settings) -> int:
             loop="uvloop",
             timeout_graceful_shutdown=5,
         )
+        # Workers are child processes even when there is one: a worker killed (SIGBUS on a truncated mapped file,
+        # the OOM killer) is logged with its cause and replaced, and the service goes on (`app.supervisor`).
+        supervisor = Supervisor(config, sockets=[config.bind_socket()])
+        supervisor.run()
     finally:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
-    return 0
+    return STARTUP_FAILURE if supervisor.failed_to_start else 0
 
 
 def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
