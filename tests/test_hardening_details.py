@@ -9,7 +9,8 @@ import re
 import time
 from pathlib import Path
 
-from app.demo import TOP_CAMERA, write_demo_dataset
+from app.demo import write_demo_dataset
+from app.demo_cameras import TOP_CAMERA
 from tests.support import ServerProcess, write_generic_dataset
 from tests.test_errors import assert_problem
 
