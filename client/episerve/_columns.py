@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from episerve._blobs import DeferredBlobs, is_binary
+from episerve._extras import install_hint
 from episerve._numpy import booleans, fixed_width, nulls, numeric_dtype, offsets
 
 Column = np.ndarray | DeferredBlobs
@@ -264,7 +265,7 @@ def decode_image_column(blobs: np.ndarray) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError as exc:
-        raise ImportError("decode_images=True needs Pillow: pip install 'episerve[images]'") from exc
+        raise ImportError(f"decode_images=True needs Pillow: {install_hint('images')}") from exc
     images = [None if blob is None else _decode_image(Image, blob) for blob in blobs]
     shapes = {(image.shape, image.dtype) for image in images if image is not None}
     if len(shapes) != 1 or any(image is None for image in images):
