@@ -1,11 +1,11 @@
 """The episode viewer (`/ui/`), in a real browser: headless Chromium (Debian's package) driven by Playwright, against
 a real server over the two-camera demo datasets. The page's charts are compared with the parquet files, the frames
-it draws with the server's frames of the same rows, pixel for pixel. Skips when Chromium or the viewer's libraries
-(`make ui`) are missing."""
+it draws with the server's frames of the same rows, pixel for pixel. Skips when Chromium is missing."""
 
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +20,7 @@ import pytest
 
 from app.api.ui import VENDOR_DIRECTORY
 from app.demo import IMAGE, JOINT_NAMES, STATE, TOP_CAMERA, WRIST_CAMERA, write_demo_dataset
-from tests.support import ServerProcess, oracle, read_stream, source_files
+from tests.support import ROOT, ServerProcess, oracle, read_stream, source_files
 
 CHROMIUM = Path("/usr/bin/chromium")
 LIBRARIES = ("arrow.min.js", "uplot.min.js", "uplot.min.css")
@@ -30,8 +30,17 @@ PREFIX = "/episerve"  # where the proxy of the path-prefix tests serves the serv
 PLACEHOLDER_RGB = (0x8A, 0x93, 0xA3)  # the viewer's canvas for an image row without bytes
 
 
-def libraries_built() -> bool:
-    return all((VENDOR_DIRECTORY / name).is_file() for name in LIBRARIES)
+def test_viewer_libraries_ship_pinned_with_their_licences() -> None:
+    """In git and so in the wheel: each bundle, every licence and notice of what it bundles, and the manifest."""
+    manifest = json.loads((VENDOR_DIRECTORY / "manifest.json").read_text())
+    pins = json.loads((ROOT / "ui" / "package-lock.json").read_text())["packages"]
+    bundled = {"apache-arrow", "flatbuffers", "json-with-bigint", "tslib", "uplot"}
+    assert {entry["package"] for entry in manifest} == bundled
+    for entry in manifest:
+        assert entry["version"] == pins[f"node_modules/{entry['package']}"]["version"]
+        assert entry["license"] and any("LICENSE" in name for name in entry["files"])
+        assert all((VENDOR_DIRECTORY / name).stat().st_size > 0 for name in entry["files"])
+    assert {name for entry in manifest for name in entry["files"]} >= set(LIBRARIES) | {"arrow.NOTICE.txt"}
 
 
 # ---- served without a browser ------------------------------------------------------------------------------------
@@ -59,7 +68,6 @@ def test_viewer_page_loads_everything_by_relative_urls(http: httpx.Client) -> No
     assert re.findall(r"""fetch\(\s*["'`]/""", script) == []
 
 
-@pytest.mark.skipif(not libraries_built(), reason="the viewer's libraries are not built (make ui: needs npm)")
 def test_viewer_libraries_are_served_by_the_server_itself(http: httpx.Client) -> None:
     for name, kind in {"arrow.min.js": "javascript", "uplot.min.js": "javascript", "uplot.min.css": "css"}.items():
         asset = http.get(f"/ui/vendor/{name}")
@@ -86,8 +94,6 @@ def test_unknown_viewer_file_is_404(http: httpx.Client) -> None:
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium): the viewer's browser tests need it")
-    if not libraries_built():
-        pytest.skip("the viewer's libraries are not built (make ui: needs nodejs and npm)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install .[dev])")
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM))
@@ -629,7 +635,7 @@ def test_page_asks_for_a_token_when_the_server_requires_one(
 
 
 def test_missing_libraries_show_how_to_build_them(page: Any, viewer_server: ServerProcess) -> None:
-    # As on a server whose checkout never ran `make ui`: the library files answer 404.
+    # As on a broken install: the library files answer 404.
     page.route("**/vendor/*", lambda route: route.fulfill(status=404, body="not found"))
     open_viewer(page, viewer_server, "#dataset=cams-v3&episode=0")
     alert = page.locator("#message")

@@ -764,8 +764,9 @@
   if (typeof Arrow === "undefined" || typeof uPlot === "undefined") {
     showMessage(
       "The viewer's libraries (uPlot and apache-arrow) are not installed on this server.\n" +
-        "Build them in the server's checkout with `make ui` (needs nodejs and npm), then reload this page; " +
-        "the Docker image includes them.",
+        "They ship in app/ui/vendor of the server's wheel and of its git checkout: reinstall the server, or in a " +
+        "checkout restore that folder (git checkout app/ui/vendor) or rebuild it with `make ui` (needs nodejs and " +
+        "npm), then reload this page.",
     );
     viewer.ready = true;
     return;
