@@ -650,3 +650,67 @@ def test_frames_arrive_as_arrow_tensors_the_page_reads(viewer_server: ServerProc
     assert isinstance(table[TOP_CAMERA].type, pa.FixedShapeTensorType)
     assert table[TOP_CAMERA].type.shape == [64, 96, 3] and table[WRIST_CAMERA].type.shape == [48, 64, 3]
     assert table[TOP_CAMERA].type.value_type == pa.uint8()
+
+
+# ---- reading the viewer --------------------------------------------------------------------------------------
+
+
+def test_home_page_is_styled_like_the_viewer(http: httpx.Client) -> None:
+    home = http.get("/", headers={"Accept": "text/html"}).text
+    assert "<link rel='stylesheet' href='ui/viewer.css'>" in home and "<body class='home'>" in home
+    assert http.get("/ui/viewer.css").status_code == 200
+
+
+def test_legends_show_the_values_at_the_cursor_before_it_first_moves(
+    page: Any, viewer_server: ServerProcess, video_root: Path
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    row = oracle(video_root / "cams-v3", [1]).slice(0, 1)
+    legend = page.locator(".chart[data-feature='action'] .u-legend .u-value").all_inner_texts()
+    assert legend == [f"{row['timestamp'][0].as_py():.3f}", *(f"{v:.4f}" for v in row["action"][0].as_py())]
+
+
+def test_breadcrumb_names_the_dataset_and_the_episode_as_separate_links(
+    page: Any, viewer_server: ServerProcess
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    assert page.locator("#crumbs a").all_inner_texts() == ["cams-v3", "episode 1"]
+    assert page.locator("#crumbs .separator").all_inner_texts() == ["\u203a", "\u203a"]
+
+
+def test_the_address_points_at_the_frame_on_screen(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1&frame=5")
+    assert page.inner_text("#position").startswith("frame 5 / ")
+    page.locator("#step-forward").click()
+    assert page.evaluate("location.hash") == "#dataset=cams-v3&episode=1&frame=6"
+    shared = page.evaluate("location.href")
+    page.goto("about:blank")
+    page.goto(shared)
+    page.wait_for_function("(() => { const v = window.episerveViewer; return v && v.ready; })()")
+    assert page.inner_text("#position").startswith("frame 6 / ")
+    assert page.locator("figure.camera figcaption").first.inner_text().endswith("frame 6")
+
+
+def test_a_frame_past_the_episode_shows_its_last_frame_and_says_so(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1&frame=100000")
+    last = viewer_state(page, "v.view.length") - 1
+    assert page.inner_text("#position").startswith(f"frame {last} / {last}")
+    assert f"Frame 100000 is past the episode's last frame, {last}" in page.inner_text("#message")
+
+
+def test_each_dimension_on_its_own_scale_draws_them_in_0_to_1_and_keeps_the_recorded_legend(
+    page: Any, viewer_server: ServerProcess
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    chart = page.locator(".chart[data-feature='action']")
+    legend_before = chart.locator(".u-legend .u-value").all_inner_texts()
+    chart.locator(".scale-toggle input").check()
+    drawn = page.evaluate(
+        "(() => { const v = window.episerveViewer.view;"
+        " return v.plots.find((e) => e.feature === 'action').plot.data.slice(1); })()"
+    )
+    for dimension in drawn:
+        values = [v for v in dimension if v is not None]
+        assert min(values) == 0 and max(values) == 1
+    assert viewer_state(page, "v.view.plots.find((e) => e.feature === 'action').scaled") is True
+    assert chart.locator(".u-legend .u-value").all_inner_texts() == legend_before
