@@ -87,6 +87,15 @@ def test_the_catalog_endpoint_lists_skipped_directories_and_a_404_names_the_reas
         assert_problem(http.get("/datasets/aloha/rows"), 404, "did you mean 'lerobot/aloha'?")
 
 
+def test_a_skipped_directory_that_becomes_a_dataset_is_served_after_the_rescan(tmp_path: Path) -> None:
+    root = mixed_root(tmp_path / "root")
+    catalog = Catalog(Settings(roots=[root], cache_dir=tmp_path / "cache", rescan_interval_s=0), [root])
+    assert catalog.why_not_offered("lerobot/downloading") is not None
+    write_demo_dataset(root / "lerobot" / "downloading", episodes=2)
+    assert catalog.get("lerobot/downloading").id == "lerobot/downloading"
+    assert catalog.why_not_offered("lerobot/downloading") is None
+
+
 def test_the_cli_says_why_a_skipped_directory_is_no_dataset(tmp_path: Path) -> None:
     root = mixed_root(tmp_path / "root")
     warm = run_cli("warm", "my robot", "--root", str(root), "--cache-dir", str(tmp_path / "cache"))

@@ -170,13 +170,14 @@ class Catalog:
     def get(self, dataset_id: str) -> Dataset:
         """The dataset with this id; DoesNotExist if no root offers it, saying why a directory of that name was
         skipped or which offered ids are close."""
+        if dataset_id not in self._paths and time.monotonic() - self._scanned_at >= self.settings.rescan_interval_s:
+            with contextlib.suppress(ConfigurationError):  # keep serving what was valid until the next start
+                self.scan()
+        # Before the id's own checks: a directory named `my robot` gets its reason, not just "invalid id".
         reason = self.why_not_offered(dataset_id)
         if reason is not None:
             raise DoesNotExist(f"the directory {dataset_id!r} below a root is not served: {reason}")
         validate_dataset_id(dataset_id)
-        if dataset_id not in self._paths and time.monotonic() - self._scanned_at >= self.settings.rescan_interval_s:
-            with contextlib.suppress(ConfigurationError):  # keep serving what was valid until the next start
-                self.scan()
         path = self._paths.get(dataset_id)
         if path is None:
             close = self.close_ids(dataset_id)
