@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.demo import TWO_CAMERAS, write_demo_dataset
+from app.demo import write_demo_dataset
+from app.demo_cameras import TWO_CAMERAS
 from tests.support import ServerProcess, write_generic_dataset, write_nullable_dataset, write_plain_dataset
 
 # torch is the client's optional extra: where it is not installed (the Python 3.10 lane of CI, which has no CPU
