@@ -29,26 +29,14 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
  && rm -rf pyarrow/tests pyarrow/include numpy/tests numpy/*/tests numpy/*/*/tests \
  && find pyarrow -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' | xargs rm -f
 
-# ---- ui: the episode viewer's browser libraries (uPlot, apache-arrow) -----------------------------------------
-# Installed from the npm registry at the versions pinned by ui/package-lock.json, and copied into app/ui/vendor
-# by ui/build.mjs; Debian's nodejs and npm do it, so no other base image is needed. Node is not in the runtime image.
-FROM ${PYTHON_IMAGE} AS ui
-RUN apt-get update -qq \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null \
- && rm -rf /var/lib/apt/lists/*
-# Node's own CA list would ignore certificates added to the system store (a TLS-inspecting proxy's, say).
-ENV NODE_OPTIONS=--use-openssl-ca
-WORKDIR /src/ui
-COPY ui/package.json ui/package-lock.json ui/build.mjs ./
-RUN npm ci --ignore-scripts --no-audit --no-fund --loglevel=error && node build.mjs
-
 # ---- build: a wheel of the server from this checkout ---------------------------------------------------------
+# The episode viewer's browser libraries (uPlot, apache-arrow) come with app/: they are kept built in
+# app/ui/vendor, so no Node is needed here either.
 FROM deps AS build
 # README.m[d]: pyproject.toml names README.md as the long description; the glob keeps the build working before
 # the file exists.
 COPY pyproject.toml README.m[d] ./
 COPY app ./app
-COPY --from=ui /src/app/ui/vendor ./app/ui/vendor
 RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- runtime ---------------------------------------------------------------------------------------------------

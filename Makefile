@@ -1,39 +1,57 @@
-# Quick start: `make serve` (demo dataset on http://127.0.0.1:8000) and `make test` (the whole suite).
+# Quick start: `make serve` (the demo dataset on http://127.0.0.1:8000, with the server and the client installed and
+# nothing else) and `make test` (adds the dev and test tools and torch's CPU build, then runs the whole suite).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The server and the client only: what `make serve` needs.
+SERVE_STAMP := $(VENV)/.serve-installed
+# The dev and test environment: the dev extra, the client's torch and images extras, torch's CPU build.
 STAMP := $(VENV)/.installed
-# The episode viewer's browser libraries (uPlot, apache-arrow), pinned by ui/package-lock.json and copied into
-# app/ui/vendor by ui/build.mjs; the stamp is refreshed whenever the pins change.
-UI_STAMP := app/ui/vendor/.built
+# torch's CPU build: constraints.txt pins torch==2.13.0+cpu on Linux and Windows, a version only PyTorch's own CPU
+# index serves (PyPI's Linux wheels of the same release are CUDA builds, ~2.5 GB more). torch alone is installed with
+# that index, in a step of its own, so no other package is looked up there. Where the index cannot be reached, pip
+# says so and looks in its other configured places (a wheel cache, a mirror); with no CPU build anywhere it stops
+# rather than install a CUDA build. `make test TORCH_INDEX=<url>` names a mirror of that index.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv ui serve test lint format clean
+.PHONY: venv serve-venv ui ui-check serve test wheels lint format clean
 
-$(STAMP): pyproject.toml client/pyproject.toml constraints.txt
+$(SERVE_STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e . -e ./client
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP) pyproject.toml client/pyproject.toml constraints.txt
+	$(BIN)/pip install -q -c constraints.txt --no-deps --extra-index-url $(TORCH_INDEX) torch
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]" -e "./client[torch,images]"
 	touch $(STAMP)
 
-$(UI_STAMP): ui/package.json ui/package-lock.json ui/build.mjs
-	@if command -v npm >/dev/null 2>&1; then \
-		(cd ui && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error && node build.mjs) && touch $(UI_STAMP) \
-			|| echo "could not build the episode viewer's libraries: /ui/ will say so, and its browser tests skip"; \
-	else \
-		echo "npm not found: the episode viewer's libraries are not built (install nodejs and npm, then: make ui)"; \
-	fi
+serve-venv: $(SERVE_STAMP)
 
-ui: $(UI_STAMP)
+venv: $(STAMP)
 
-venv: $(STAMP) $(UI_STAMP)
+# The episode viewer's browser libraries (uPlot, apache-arrow) are kept built in app/ui/vendor, so installing or
+# running the server needs no Node. After changing a pin in ui/package.json: `make ui` (needs nodejs and npm)
+# rewrites them; `make ui-check` fails when they differ from what the pins give.
+ui:
+	cd ui && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error && node build.mjs
 
-serve: $(STAMP) $(UI_STAMP)
+ui-check:
+	cd ui && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error && node build.mjs --check
+
+serve: $(SERVE_STAMP)
 	$(BIN)/episerve-server serve
 
-test: $(STAMP) $(UI_STAMP)
+test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2 -q
+
+# Wheels of the server (viewer included) and of the client, into dist/.
+wheels: $(STAMP)
+	$(BIN)/python -m build --wheel --outdir dist .
+	$(BIN)/python -m build --wheel --outdir dist client
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -44,4 +62,4 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis ui/node_modules app/ui/vendor
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis ui/node_modules dist build client/build

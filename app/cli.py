@@ -7,7 +7,6 @@ environment, since each uvicorn worker builds its app from it.
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import os
 import shlex
@@ -253,10 +252,14 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
 
 
 def unknown_dataset(catalog: Catalog, dataset_id: str) -> str:
-    """Why `dataset_id` was not found: the roots searched and the closest ids offered."""
+    """Why `dataset_id` was not found: the roots searched, why a directory of that name was skipped, or the
+    closest ids offered."""
     roots = ", ".join(str(root) for root in catalog.roots)
     message = f"no dataset {dataset_id!r} below the roots searched ({roots})"
-    close = close_ids(dataset_id, catalog.ids())
+    reason = catalog.why_not_offered(dataset_id)
+    if reason is not None:
+        return f"{message}: the directory {dataset_id!r} is skipped: {reason}"
+    close = catalog.close_ids(dataset_id)
     if close:
         return f"{message}; did you mean {', '.join(map(repr, close))}?"
     offered = catalog.ids()
@@ -264,17 +267,6 @@ def unknown_dataset(catalog: Catalog, dataset_id: str) -> str:
         return f"{message}; they offer none"
     more = f" and {len(offered) - 10} more" if len(offered) > 10 else ""
     return f"{message}; they offer {', '.join(map(repr, offered[:10]))}{more}"
-
-
-def close_ids(dataset_id: str, offered: list[str]) -> list[str]:
-    """Up to three offered ids like `dataset_id`, whole or by last component (`pusht` finds `lerobot/pusht`)."""
-    by_name: dict[str, list[str]] = {}
-    for candidate in offered:
-        by_name.setdefault(candidate.rsplit("/", 1)[-1], []).append(candidate)
-    close = difflib.get_close_matches(dataset_id, offered, n=3, cutoff=0.8)
-    for name in difflib.get_close_matches(dataset_id.rsplit("/", 1)[-1], list(by_name), n=3, cutoff=0.8):
-        close += [candidate for candidate in by_name[name] if candidate not in close]
-    return close[:3]
 
 
 def _verify(catalog: Catalog, args: argparse.Namespace) -> int:

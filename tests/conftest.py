@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,21 @@ import pytest
 from app.demo import write_demo_dataset
 from app.demo_cameras import TWO_CAMERAS
 from tests.support import ServerProcess, write_generic_dataset, write_nullable_dataset, write_plain_dataset
+
+# torch is the client's optional extra: where it is not installed (the Python 3.10 lane of CI, which has no CPU
+# build of torch to install), the test modules that import it are not collected, and the header says so.
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+_IMPORTS_TORCH = re.compile(r"^(import torch|from torch)\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    if HAS_TORCH or collection_path.suffix != ".py" or not collection_path.is_file():
+        return None
+    return True if _IMPORTS_TORCH.search(collection_path.read_text(encoding="utf-8")) else None
+
+
+def pytest_report_header() -> str | None:
+    return None if HAS_TORCH else "torch is not installed: test modules that import it are not collected"
 
 
 @pytest.fixture(scope="session")

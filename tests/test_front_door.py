@@ -63,6 +63,6 @@ def test_root_is_an_html_page_of_links_for_browsers(http: httpx.Client) -> None:
     # Relative to where `/` is served, so that they resolve under a path prefix too.
     links = re.findall(r'href="([^"]+)"', response.text)
     assert links == ["docs", "redoc", "openapi.json", "datasets", "metrics", "healthz", "readyz"]
-    assert re.findall(r"href='([^']+)'", response.text) == ["ui/"]  # the viewer
+    assert re.findall(r"href='([^']+)'", response.text) == ["ui/viewer.css", "ui/"]  # its style, the viewer
     for link in links:
         assert http.get(f"/{link}").status_code == 200, link

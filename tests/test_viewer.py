@@ -1,11 +1,11 @@
 """The episode viewer (`/ui/`), in a real browser: headless Chromium (Debian's package) driven by Playwright, against
 a real server over the two-camera demo datasets. The page's charts are compared with the parquet files, the frames
-it draws with the server's frames of the same rows, pixel for pixel. Skips when Chromium or the viewer's libraries
-(`make ui`) are missing."""
+it draws with the server's frames of the same rows, pixel for pixel. Skips when Chromium is missing."""
 
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +21,7 @@ import pytest
 from app.api.ui import VENDOR_DIRECTORY
 from app.demo import IMAGE, JOINT_NAMES, STATE, write_demo_dataset
 from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
-from tests.support import ServerProcess, oracle, read_stream, source_files
+from tests.support import ROOT, ServerProcess, oracle, read_stream, source_files
 
 CHROMIUM = Path("/usr/bin/chromium")
 LIBRARIES = ("arrow.min.js", "uplot.min.js", "uplot.min.css")
@@ -31,8 +31,17 @@ PREFIX = "/episerve"  # where the proxy of the path-prefix tests serves the serv
 PLACEHOLDER_RGB = (0x8A, 0x93, 0xA3)  # the viewer's canvas for an image row without bytes
 
 
-def libraries_built() -> bool:
-    return all((VENDOR_DIRECTORY / name).is_file() for name in LIBRARIES)
+def test_viewer_libraries_ship_pinned_with_their_licences() -> None:
+    """In git and so in the wheel: each bundle, every licence and notice of what it bundles, and the manifest."""
+    manifest = json.loads((VENDOR_DIRECTORY / "manifest.json").read_text())
+    pins = json.loads((ROOT / "ui" / "package-lock.json").read_text())["packages"]
+    bundled = {"apache-arrow", "flatbuffers", "json-with-bigint", "tslib", "uplot"}
+    assert {entry["package"] for entry in manifest} == bundled
+    for entry in manifest:
+        assert entry["version"] == pins[f"node_modules/{entry['package']}"]["version"]
+        assert entry["license"] and any("LICENSE" in name for name in entry["files"])
+        assert all((VENDOR_DIRECTORY / name).stat().st_size > 0 for name in entry["files"])
+    assert {name for entry in manifest for name in entry["files"]} >= set(LIBRARIES) | {"arrow.NOTICE.txt"}
 
 
 # ---- served without a browser ------------------------------------------------------------------------------------
@@ -60,7 +69,6 @@ def test_viewer_page_loads_everything_by_relative_urls(http: httpx.Client) -> No
     assert re.findall(r"""fetch\(\s*["'`]/""", script) == []
 
 
-@pytest.mark.skipif(not libraries_built(), reason="the viewer's libraries are not built (make ui: needs npm)")
 def test_viewer_libraries_are_served_by_the_server_itself(http: httpx.Client) -> None:
     for name, kind in {"arrow.min.js": "javascript", "uplot.min.js": "javascript", "uplot.min.css": "css"}.items():
         asset = http.get(f"/ui/vendor/{name}")
@@ -87,8 +95,6 @@ def test_unknown_viewer_file_is_404(http: httpx.Client) -> None:
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium): the viewer's browser tests need it")
-    if not libraries_built():
-        pytest.skip("the viewer's libraries are not built (make ui: needs nodejs and npm)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install .[dev])")
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM))
@@ -630,7 +636,7 @@ def test_page_asks_for_a_token_when_the_server_requires_one(
 
 
 def test_missing_libraries_show_how_to_build_them(page: Any, viewer_server: ServerProcess) -> None:
-    # As on a server whose checkout never ran `make ui`: the library files answer 404.
+    # As on a broken install: the library files answer 404.
     page.route("**/vendor/*", lambda route: route.fulfill(status=404, body="not found"))
     open_viewer(page, viewer_server, "#dataset=cams-v3&episode=0")
     alert = page.locator("#message")
@@ -645,3 +651,67 @@ def test_frames_arrive_as_arrow_tensors_the_page_reads(viewer_server: ServerProc
     assert isinstance(table[TOP_CAMERA].type, pa.FixedShapeTensorType)
     assert table[TOP_CAMERA].type.shape == [64, 96, 3] and table[WRIST_CAMERA].type.shape == [48, 64, 3]
     assert table[TOP_CAMERA].type.value_type == pa.uint8()
+
+
+# ---- reading the viewer --------------------------------------------------------------------------------------
+
+
+def test_home_page_is_styled_like_the_viewer(http: httpx.Client) -> None:
+    home = http.get("/", headers={"Accept": "text/html"}).text
+    assert "<link rel='stylesheet' href='ui/viewer.css'>" in home and "<body class='home'>" in home
+    assert http.get("/ui/viewer.css").status_code == 200
+
+
+def test_legends_show_the_values_at_the_cursor_before_it_first_moves(
+    page: Any, viewer_server: ServerProcess, video_root: Path
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    row = oracle(video_root / "cams-v3", [1]).slice(0, 1)
+    legend = page.locator(".chart[data-feature='action'] .u-legend .u-value").all_inner_texts()
+    assert legend == [f"{row['timestamp'][0].as_py():.3f}", *(f"{v:.4f}" for v in row["action"][0].as_py())]
+
+
+def test_breadcrumb_names_the_dataset_and_the_episode_as_separate_links(
+    page: Any, viewer_server: ServerProcess
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    assert page.locator("#crumbs a").all_inner_texts() == ["cams-v3", "episode 1"]
+    assert page.locator("#crumbs .separator").all_inner_texts() == ["\u203a", "\u203a"]
+
+
+def test_the_address_points_at_the_frame_on_screen(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1&frame=5")
+    assert page.inner_text("#position").startswith("frame 5 / ")
+    page.locator("#step-forward").click()
+    assert page.evaluate("location.hash") == "#dataset=cams-v3&episode=1&frame=6"
+    shared = page.evaluate("location.href")
+    page.goto("about:blank")
+    page.goto(shared)
+    page.wait_for_function("(() => { const v = window.episerveViewer; return v && v.ready; })()")
+    assert page.inner_text("#position").startswith("frame 6 / ")
+    assert page.locator("figure.camera figcaption").first.inner_text().endswith("frame 6")
+
+
+def test_a_frame_past_the_episode_shows_its_last_frame_and_says_so(page: Any, viewer_server: ServerProcess) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1&frame=100000")
+    last = viewer_state(page, "v.view.length") - 1
+    assert page.inner_text("#position").startswith(f"frame {last} / {last}")
+    assert f"Frame 100000 is past the episode's last frame, {last}" in page.inner_text("#message")
+
+
+def test_each_dimension_on_its_own_scale_draws_them_in_0_to_1_and_keeps_the_recorded_legend(
+    page: Any, viewer_server: ServerProcess
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    chart = page.locator(".chart[data-feature='action']")
+    legend_before = chart.locator(".u-legend .u-value").all_inner_texts()
+    chart.locator(".scale-toggle input").check()
+    drawn = page.evaluate(
+        "(() => { const v = window.episerveViewer.view;"
+        " return v.plots.find((e) => e.feature === 'action').plot.data.slice(1); })()"
+    )
+    for dimension in drawn:
+        values = [v for v in dimension if v is not None]
+        assert min(values) == 0 and max(values) == 1
+    assert viewer_state(page, "v.view.plots.find((e) => e.feature === 'action').scaled") is True
+    assert chart.locator(".u-legend .u-value").all_inner_texts() == legend_before

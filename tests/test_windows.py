@@ -189,7 +189,7 @@ def test_window_gather_size_is_limited(datasets_root: Path, tmp_path: Path) -> N
 @HYPOTHESIS
 @given(data=st.data())
 def test_windows_through_a_dataloader_equal_reference(window_server: Any, data: st.DataObject) -> None:
-    import torch
+    torch = pytest.importorskip("torch")
 
     import episerve
 

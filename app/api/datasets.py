@@ -14,9 +14,17 @@ from app.reads.describe import dataset_stats, describe_dataset, list_episodes, s
 router = APIRouter(tags=["datasets"])
 
 
-@router.get("/datasets", summary="The catalog: ids, formats, row and episode counts")
+@router.get(
+    "/datasets",
+    summary="The catalog: ids, formats, row and episode counts",
+    description="`skipped` lists the directories below the roots that are not offered, each with its `path` "
+    "relative to its root and the `reason` (no dataset in it, a name that is no valid id, a link out of the root).",
+)
 def list_datasets(catalog: Catalog = Depends(get_catalog)) -> dict[str, Any]:
-    return {"datasets": [summarize_dataset(catalog.get(i)) for i in catalog.ids()]}
+    return {
+        "datasets": [summarize_dataset(catalog.get(i)) for i in catalog.ids()],
+        "skipped": [entry.as_json() for entry in catalog.skipped()],
+    }
 
 
 @router.get(

@@ -65,10 +65,14 @@ def home(request: Request) -> Any:
             for name, (href, text) in relative.items()
             if name != "viewer"  # linked above the list
         )
+        # Styled by the viewer's stylesheet (same header and colours); relative URLs, as everywhere.
         page = (
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+            "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{title}</title><link rel='stylesheet' href='ui/viewer.css'>"
+            "</head><body class='home'><header><span class='brand'>episerve</span></header><main>"
             f"<h1>{title} {request.app.version}</h1><p>{request.app.description}</p>"
-            f"<p><a href='ui/'>Open the episode viewer</a></p><ul>{items}</ul></body></html>"
+            f"<p><a href='ui/' class='open-viewer'>Open the episode viewer</a></p><ul>{items}</ul></main></body></html>"
         )
         return HTMLResponse(page)
     # JSON clients resolve no relative links: absolute paths, under `root_path` when the proxy sets one.

@@ -11,7 +11,8 @@ from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 UI_DIRECTORY = Path(__file__).resolve().parent.parent / "ui"
-# The third-party libraries (uPlot, apache-arrow): built by `make ui` from the pins in ui/package-lock.json.
+# The third-party libraries (uPlot, apache-arrow) with their licences and manifest.json: kept built in git (and so
+# in the wheel), from the pins in ui/package-lock.json by `make ui`.
 VENDOR_DIRECTORY = UI_DIRECTORY / "vendor"
 
 router = APIRouter(tags=["viewer"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ def _iso_utc(epoch_seconds: float | None) -> str | None:
     """`2026-01-02T03:04:05.678Z`."""
     if epoch_seconds is None:
         return None
-    moment = datetime.fromtimestamp(epoch_seconds, UTC)
+    moment = datetime.fromtimestamp(epoch_seconds, timezone.utc)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -17,6 +17,7 @@ EpisodeRanges = list[tuple[int, int]]
 
 _TERM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 _MAX_NAMED_MISSING = 20
+_MAX_NAMED_RANGES = 5  # beyond this many runs of ids, an error names their count and span instead
 MAX_EPISODE_ID = 2**62
 # Longer digit strings are past MAX_EPISODE_ID; checked before int(), which refuses 4,300 digits and more.
 _MAX_ID_DIGITS = len(str(MAX_EPISODE_ID))
@@ -83,7 +84,8 @@ def format_ranges(ranges: Sequence[tuple[int, int]]) -> str:
 def resolve_episodes(ranges: EpisodeRanges, known: np.ndarray) -> np.ndarray:
     """The selected episode ids, ascending. `known` is the sorted array of existing ids.
 
-    Raises DoesNotExist naming the missing ids (as ranges) when any selected id does not exist.
+    Raises DoesNotExist naming the missing ids (as ranges) and the episodes there are when any selected id does
+    not exist.
     """
     missing: EpisodeRanges = []
     chunks: list[np.ndarray] = []
@@ -99,10 +101,23 @@ def resolve_episodes(ranges: EpisodeRanges, known: np.ndarray) -> np.ndarray:
     if missing:
         named = format_ranges(missing[:_MAX_NAMED_MISSING])
         more = " and more" if len(missing) > _MAX_NAMED_MISSING else ""
-        raise DoesNotExist(f"episodes not in this dataset: {named}{more}")
+        raise DoesNotExist(f"episodes not in this dataset: {named}{more}; {describe_episodes(known)}")
     if not chunks:
         return np.empty(0, dtype=np.int64)
     return np.concatenate(chunks).astype(np.int64, copy=False)
+
+
+def describe_episodes(known: np.ndarray) -> str:
+    """The episodes there are, for an error message: their ranges, or their count and span when there are many
+    gaps (`known` is the sorted array of existing ids)."""
+    if len(known) == 0:
+        return "it has no episodes"
+    breaks = np.flatnonzero(np.diff(known) != 1)
+    if len(breaks) >= _MAX_NAMED_RANGES:
+        return f"it has {len(known)} episodes from {int(known[0])} to {int(known[-1])}, with gaps"
+    starts = [int(known[0]), *known[breaks + 1].tolist()]
+    stops = [*known[breaks].tolist(), int(known[-1])]
+    return f"its episodes are {format_ranges(list(zip(starts, stops, strict=True)))}"
 
 
 def _gaps(first: int, last: int, present: np.ndarray) -> EpisodeRanges:

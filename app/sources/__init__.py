@@ -20,6 +20,7 @@ from app.sources.parquet import GENERIC_SETTINGS, ParquetSource, has_parquet_fil
 from app.sources.source import DatasetInfo, EpisodeRun, RowGroups, Source, SourceFingerprint, schema_hash
 
 __all__ = [
+    "LEROBOT_INFO",
     "DatasetInfo",
     "DatasetPath",
     "EpisodeRun",

@@ -273,14 +273,15 @@
     viewer.message = null;
   }
 
+  /** The breadcrumb after "episerve": `› demo › episode 12`, each part a link. */
   function crumbs(parts) {
-    const nav = $("crumbs");
-    nav.replaceChildren(
-      ...parts.map(([text, href]) => {
-        const link = document.createElement("a");
-        link.textContent = text;
-        link.href = href;
-        return link;
+    $("crumbs").replaceChildren(
+      ...parts.flatMap(([text, href]) => {
+        const separator = document.createElement("span");
+        separator.className = "separator";
+        separator.textContent = "›";
+        separator.setAttribute("aria-hidden", "true");
+        return [separator, link(text, href)];
       }),
     );
   }
@@ -399,7 +400,26 @@
 
   // ---- the episode view --------------------------------------------------------------------------------------
 
-  async function openEpisode(id, episodeText) {
+  /** The row an address's `frame=` asks for, or 0 without one. */
+  function requestedFrame(frameText) {
+    if (frameText === null || frameText === "") return 0;
+    if (!/^\d+$/.test(frameText)) throw new ApiError(422, `'${frameText}' is not a frame number`);
+    return Number(frameText);
+  }
+
+  /** The address of the episode on screen at its cursor (`frame=` once the cursor has left frame 0), put in place
+   * without a new history entry or a reload, so it can be copied and shared at any moment. */
+  function rememberFrame(view) {
+    if (view !== viewer.view || view.playing) return;
+    const params = { dataset: view.dataset, episode: view.episode };
+    if (view.cursor) params.frame = view.cursor;
+    const hash = hashFor(params);
+    if (hash === location.hash) return;
+    history.replaceState(null, "", hash);
+    viewer.route = { ...viewer.route, frame: view.cursor ? String(view.cursor) : null, hash };
+  }
+
+  async function openEpisode(id, episodeText, frameText = null) {
     const started = performance.now();
     crumbs([
       [id, hashFor({ dataset: id })],
@@ -409,6 +429,7 @@
       throw new ApiError(422, `'${episodeText}' is not an episode number`);
     }
     const episode = Number(episodeText);
+    const frame = requestedFrame(frameText);
     const [info, episodes] = await Promise.all([datasetInfo(id), episodeList(id)]);
     const described = performance.now() - started;
     const entry = episodes.find((e) => e.episode_index === episode);
@@ -460,6 +481,12 @@
     }
     setUpPlayer(view);
     setUpCameras(view);
+    if (frame > view.length - 1) {
+      showMessage(`Frame ${frame} is past the episode's last frame, ${view.length - 1}: showing that one.`, "info");
+    }
+    view.cursor = Math.min(frame, view.length - 1);
+    $("scrub").value = String(view.cursor);
+    showPosition(view);
     const firstFrames = pumpFrames(view);
     await loadCharts(view, info, features);
     view.timings.chartsMs = performance.now() - started;
@@ -494,12 +521,13 @@
       const dims = chartDimensions(table, feature);
       const labels = dimensionLabels(feature.name, dims, feature.names);
       const values = columnArrays(table, feature.name, dims);
+      const spans = values.map(valueRange);
       view.charts[feature.name] = { labels, values };
       const box = document.createElement("div");
       box.className = "chart";
       box.dataset.feature = feature.name;
       container.append(box);
-      const entry = { plot: null, marker: document.createElement("div") };
+      const entry = { plot: null, marker: document.createElement("div"), feature: feature.name, scaled: false };
       entry.marker.className = "cursor-marker";
       entry.plot = new uPlot(
         {
@@ -513,18 +541,28 @@
               label,
               stroke: `hsl(${(i * 137.508) % 360}, 65%, 42%)`,
               width: 1,
-              value: (_, v) => (v === null ? "–" : v.toFixed(4)),
+              // The recorded value, also when the chart draws each dimension scaled to its own range.
+              value: (_, v, _series, row) => {
+                const recorded = row === null || row === undefined ? null : values[i][row];
+                return recorded === null || recorded === undefined ? "–" : recorded.toFixed(4);
+              },
             })),
           ],
           axes: [{ label: "time (s)" }, {}],
           legend: { live: true },
-          // After every draw (the first one, a zoom, a resize) the marker follows the new scale.
-          hooks: { draw: [() => placeMarker(view, entry)] },
+          hooks: {
+            // After every draw (the first one, a zoom, a resize) the marker follows the new scale.
+            draw: [() => placeMarker(view, entry)],
+            // The legend shows the values at the time cursor from the start, and again once the mouse leaves.
+            ready: [(plot) => plot.setLegend({ idx: view.cursor })],
+            setCursor: [(plot) => plot.cursor.idx == null && plot.setLegend({ idx: view.cursor })],
+          },
         },
         [view.x, ...values],
         box,
       );
       entry.plot.over.append(entry.marker);
+      if (dims > 1) box.prepend(scaleToggle(view, entry, values, spans));
       entry.plot.over.addEventListener("click", (event) => {
         const index = entry.plot.posToIdx(event.offsetX);
         if (index !== null && index !== undefined) setCursor(view, index);
@@ -538,6 +576,49 @@
       container.append(note);
     }
     moveMarkers(view);
+  }
+
+  /** [min, max] of a dimension's values, nulls left out; null when it has none. */
+  function valueRange(values) {
+    let low = Infinity;
+    let high = -Infinity;
+    for (const v of values) {
+      if (v === null || !Number.isFinite(v)) continue;
+      if (v < low) low = v;
+      if (v > high) high = v;
+    }
+    return low <= high ? [low, high] : null;
+  }
+
+  /** A checkbox that draws each dimension of a chart on its own scale (its min..max mapped to 0..1), for
+   * dimensions whose ranges differ by orders of magnitude; the legend keeps showing the recorded values. */
+  function scaleToggle(view, entry, values, spans) {
+    const widths = spans.filter(Boolean).map(([low, high]) => high - low);
+    const widest = Math.max(0, ...widths);
+    const narrowest = Math.min(...widths.filter((w) => w > 0), Infinity);
+    const ratio = widest > 0 && Number.isFinite(narrowest) ? widest / narrowest : 1;
+    const label = document.createElement("label");
+    label.className = "scale-toggle";
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.onchange = () => setScaled(view, entry, values, spans, box.checked);
+    const note = ratio >= 100 ? ` (their ranges differ ${Math.round(ratio).toLocaleString("en-US")}×)` : "";
+    label.append(box, ` each dimension on its own scale${note}`);
+    return label;
+  }
+
+  function setScaled(view, entry, values, spans, scaled) {
+    const data = scaled
+      ? values.map((dimension, i) => {
+          const span = spans[i];
+          if (!span) return dimension;
+          const width = span[1] - span[0];
+          return dimension.map((v) => (v === null ? null : width > 0 ? (v - span[0]) / width : 0.5));
+        })
+      : values;
+    entry.scaled = scaled;
+    entry.plot.setData([view.x, ...data]);
+    entry.plot.setLegend({ idx: view.cursor });
   }
 
   function closeEpisode() {
@@ -571,6 +652,7 @@
     showPosition(view);
     moveMarkers(view);
     pumpFrames(view);
+    rememberFrame(view);
   }
 
   function showPosition(view) {
@@ -613,6 +695,7 @@
   function pause(view) {
     view.playing = false;
     $("play").textContent = "play";
+    rememberFrame(view);
   }
 
   window.addEventListener("resize", () => {
@@ -738,7 +821,21 @@
     const params = new URLSearchParams(location.hash.slice(1));
     const dataset = params.get("dataset");
     const episode = params.get("episode");
-    viewer.route = { dataset, episode, hash: location.hash };
+    const frame = params.get("frame");
+    const open = viewer.view;
+    if (open && episode !== null && dataset === open.dataset && episode === String(open.episode)) {
+      // Only the frame changed (an edited or pasted address): move the cursor, keep the episode.
+      viewer.route = { dataset, episode, frame, hash: location.hash };
+      clearMessage();
+      try {
+        const row = requestedFrame(frame);
+        setCursor(open, Math.min(row, open.length - 1));
+      } catch (error) {
+        showMessage(error.message);
+      }
+      return;
+    }
+    viewer.route = { dataset, episode, frame, hash: location.hash };
     viewer.ready = false;
     clearMessage();
     try {
@@ -750,7 +847,7 @@
         closeEpisode();
         await showDataset(dataset);
       } else {
-        await openEpisode(dataset, episode);
+        await openEpisode(dataset, episode, frame);
       }
     } catch (error) {
       closeEpisode();
@@ -764,8 +861,9 @@
   if (typeof Arrow === "undefined" || typeof uPlot === "undefined") {
     showMessage(
       "The viewer's libraries (uPlot and apache-arrow) are not installed on this server.\n" +
-        "Build them in the server's checkout with `make ui` (needs nodejs and npm), then reload this page; " +
-        "the Docker image includes them.",
+        "They ship in app/ui/vendor of the server's wheel and of its git checkout: reinstall the server, or in a " +
+        "checkout restore that folder (git checkout app/ui/vendor) or rebuild it with `make ui` (needs nodejs and " +
+        "npm), then reload this page.",
     );
     viewer.ready = true;
     return;

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from episerve._blobs import DeferredBlobs, is_binary
-from episerve._numpy import booleans, fixed_width, nulls, offsets
+from episerve._extras import install_hint
+from episerve._numpy import booleans, fixed_width, nulls, numeric_dtype, offsets
 
 Column = np.ndarray | DeferredBlobs
 Columns = dict[str, Column]
@@ -140,7 +141,7 @@ def _image_bytes(array: pa.StructArray) -> pa.Array:
 
 
 def _numeric_view(array: pa.Array, owner: _Owner | None) -> np.ndarray:
-    dtype = np.dtype(array.type.to_pandas_dtype())
+    dtype = numeric_dtype(array.type)
     data = array.buffers()[1]
     count = len(array)
     if owner is not None and data is not None:
@@ -155,7 +156,7 @@ def _numeric_view(array: pa.Array, owner: _Owner | None) -> np.ndarray:
 def _numeric_with_nan(array: pa.Array) -> np.ndarray:
     """Numbers with nulls as pyarrow's `to_numpy()` gives them, without its pandas import: NaN at the nulls,
     integers widened to float64."""
-    dtype = np.dtype(array.type.to_pandas_dtype())
+    dtype = numeric_dtype(array.type)
     values = fixed_width(array, dtype).astype(dtype if dtype.kind == "f" else np.float64)
     values[nulls(array)] = np.nan
     return values
@@ -264,7 +265,7 @@ def decode_image_column(blobs: np.ndarray) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError as exc:
-        raise ImportError("decode_images=True needs Pillow: pip install 'episerve[images]'") from exc
+        raise ImportError(f"decode_images=True needs Pillow: {install_hint('images')}") from exc
     images = [None if blob is None else _decode_image(Image, blob) for blob in blobs]
     shapes = {(image.shape, image.dtype) for image in images if image is not None}
     if len(shapes) != 1 or any(image is None for image in images):

@@ -9,6 +9,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+_FLOATS = {16: np.float16, 32: np.float32, 64: np.float64}
+
+
+def numeric_dtype(kind: pa.DataType) -> np.dtype:
+    """The NumPy dtype of an Arrow integer or floating-point type (pyarrow's `to_pandas_dtype()` imports pandas,
+    and fails without it before pyarrow 26)."""
+    if pa.types.is_floating(kind):
+        return np.dtype(_FLOATS[kind.bit_width])
+    return np.dtype(f"{'i' if pa.types.is_signed_integer(kind) else 'u'}{kind.bit_width // 8}")
+
 
 def fixed_width(array: pa.Array, dtype: np.dtype) -> np.ndarray:
     """The values of a fixed-width array without nulls, as a read-only view of its data buffer."""

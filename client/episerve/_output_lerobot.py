@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from episerve._columns import Columns
+from episerve._extras import install_hint
 from episerve._output_torch import available as available
 from episerve._output_torch import torch_module
 from episerve._tensor_batch import TensorBatch, shared_empty
 
-MISSING = "the LeRobot output needs torch: pip install 'episerve[torch]'"
+MISSING = f"the LeRobot output needs torch: {install_hint('torch')}"
 PAD_SUFFIX = "_is_pad"
 
 

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from episerve._columns import Columns
+from episerve._extras import install_hint
 from episerve._tensor_batch import INLINE_BLOCK_BYTES, TensorBatch, shared_empty
 
-MISSING = "output='torch' needs torch: pip install 'episerve[torch]'"
+MISSING = f"output='torch' needs torch: {install_hint('torch')}"
 
 
 @cache

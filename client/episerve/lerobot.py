@@ -19,7 +19,9 @@ import os
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("episerve.lerobot needs torch: pip install 'episerve[torch]'") from exc
+    from episerve._extras import install_hint
+
+    raise ImportError(f"episerve.lerobot needs torch: {install_hint('torch')}") from exc
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -28,6 +30,7 @@ from episerve._client import Client, connect
 from episerve._collate import collate
 from episerve._dataset import EpisodeDataset
 from episerve._episodes import episode_count
+from episerve._extras import install_hint
 from episerve._output_lerobot import LeRobotFormatter
 from episerve._outputs import formatter
 from episerve._retry import Retries
@@ -232,4 +235,4 @@ def _require_pillow() -> None:
     try:
         import PIL  # noqa: F401
     except ImportError as exc:
-        raise ImportError("datasets with image features need Pillow: pip install 'episerve[torch,images]'") from exc
+        raise ImportError(f"datasets with image features need Pillow: {install_hint('torch', 'images')}") from exc

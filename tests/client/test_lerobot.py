@@ -366,4 +366,4 @@ def test_importing_without_torch_names_the_extra() -> None:
     code = "import sys; sys.modules['torch'] = None; import episerve.lerobot"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "pip install 'episerve[torch]'" in result.stderr
+    assert "pip install './client[torch]' in an episerve checkout, or pip install torch" in result.stderr

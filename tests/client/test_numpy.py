@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from episerve._numpy import booleans, fixed_width, nulls, offsets
+from episerve._numpy import booleans, fixed_width, nulls, numeric_dtype, offsets
 
 BITS = pa.array([bool(v) for v in np.random.default_rng(5).integers(0, 2, size=37)])
 
@@ -27,7 +27,7 @@ def test_nulls_of_a_sliced_array() -> None:
 @pytest.mark.parametrize("kind", [pa.int8(), pa.int64(), pa.float32(), pa.float64(), pa.uint16()])
 def test_fixed_width_views_the_sliced_values(kind: pa.DataType) -> None:
     values = pa.array(np.arange(20), type=kind)[5:17]
-    view = fixed_width(values, np.dtype(kind.to_pandas_dtype()))
+    view = fixed_width(values, numeric_dtype(kind))
     np.testing.assert_array_equal(view, np.arange(5, 17))
     assert len(fixed_width(values[:0], np.dtype(np.int8))) == 0
 
