@@ -8,8 +8,9 @@ SERVE_STAMP := $(VENV)/.serve-installed
 # The dev and test environment: the dev extra, the client's torch and images extras, torch's CPU build.
 STAMP := $(VENV)/.installed
 # torch's CPU build: constraints.txt pins torch==2.13.0+cpu on Linux and Windows, a version only PyTorch's own CPU
-# index serves (PyPI's Linux wheels of the same release are CUDA builds, ~2.5 GB more). torch alone is installed with
-# that index, in a step of its own, so no other package is looked up there. Where the index cannot be reached, pip
+# index serves (PyPI's Linux wheels of the same release are CUDA builds, ~2.5 GB more). torch alone is installed in a
+# step of its own: from pip's configured places first (a wheel cache, a mirror, a local directory), and only where
+# the CPU build is not there from that index, so no other package is ever looked up there. Where the index cannot be reached, pip
 # says so and looks in its other configured places (a wheel cache, a mirror); with no CPU build anywhere it stops
 # rather than install a CUDA build. `make test TORCH_INDEX=<url>` names a mirror of that index.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -23,7 +24,8 @@ $(SERVE_STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	touch $(SERVE_STAMP)
 
 $(STAMP): $(SERVE_STAMP) pyproject.toml client/pyproject.toml constraints.txt
-	$(BIN)/pip install -q -c constraints.txt --no-deps --extra-index-url $(TORCH_INDEX) torch
+	$(BIN)/pip install -q -c constraints.txt --no-deps torch 2>/dev/null \
+		|| $(BIN)/pip install -q -c constraints.txt --no-deps --extra-index-url $(TORCH_INDEX) torch
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]" -e "./client[torch,images]"
 	touch $(STAMP)
 
