@@ -9,10 +9,19 @@ UI_STAMP := app/ui/vendor/.built
 
 .PHONY: venv ui serve test lint format clean
 
-$(STAMP): pyproject.toml client/pyproject.toml constraints.txt
+# LeRobot 0.4.4, for the tests that run its own training script through episerve: its declared dependencies
+# conflict with this project's pins, so what its training path imports is installed from
+# tests/lerobot_env/requirements.txt, then lerobot and the torchvision built for torch 2.13 without their
+# dependencies, plus a start-up shim that lets that torchvision import beside torch's CPU build (all explained in
+# tests/lerobot_env/).
+$(STAMP): pyproject.toml client/pyproject.toml constraints.txt tests/lerobot_env/requirements.txt \
+		tests/lerobot_env/torchvision_cpu_shim.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]" -e "./client[torch,images]"
+	$(BIN)/pip install -q -c constraints.txt -r tests/lerobot_env/requirements.txt
+	$(BIN)/pip install -q --no-deps -c constraints.txt lerobot torchvision
+	$(BIN)/python tests/lerobot_env/install_shim.py
 	touch $(STAMP)
 
 $(UI_STAMP): ui/package.json ui/package-lock.json ui/build.mjs
