@@ -11,7 +11,8 @@ builds it (shuffled, LeRobot's default collate); the clock starts once the first
 - One AV1 camera (P9's 224x224 dataset): the switch on demand (`EPISERVE_VIDEO_CACHE_POLICY=on-demand`) and from
   the decoded-frame cache (after `episerve-server warm --videos`). LeRobot 0.4.4 cannot decode video on this
   machine (its `pyav` path calls `torchvision.io.VideoReader`, which torchvision 0.28, the release for torch 2.13,
-  no longer has; torchcodec has no build for torch's CPU wheel), so these rows have no peer. The dataset has no statistics file: `--dataset.use_imagenet_stats=false`.
+  no longer has; torchcodec has no build for torch's CPU wheel), so these rows have no peer. The dataset has no
+  statistics file: `--dataset.use_imagenet_stats=false`.
 
 Needs LeRobot installed (`make venv` does, see tests/lerobot_env/).
 """
