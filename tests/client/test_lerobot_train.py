@@ -234,6 +234,8 @@ def test_metadata_has_lerobots_shapes(train_server: ServerProcess, image_root: P
     assert [served.tasks.iloc[i].name for i in range(served.total_tasks)] == list(own.tasks["task"])
     assert served.get_task_index(own.tasks["task"][1]) == 1
     assert served.episodes.to_pandas()["length"].tolist() == list(own.episodes["length"])
+    assert served.episodes[[1, 3]] == {k: [served.episodes[1][k], served.episodes[3][k]] for k in row}
+    assert served.episodes[1:3]["length"] == list(own.episodes[1:3]["length"])
 
 
 def test_served_classes_take_lerobots_signatures() -> None:

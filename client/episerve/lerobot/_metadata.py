@@ -9,7 +9,7 @@ values, int64 counts). This module builds the same from the server's description
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,8 @@ CODEBASE_VERSION = "v3.0"  # the LeRobot format version whose metadata shapes th
 
 class EpisodeTable:
     """`meta.episodes` as LeRobot 0.4.4 holds it (a `datasets.Dataset` of meta/episodes/): `table["length"]` is a
-    column as a list, `table[i]` episode `i`'s row as a dict, `table[a:b]` a dict of column lists, `len(table)` the
-    number of episodes, iteration yields the rows, `to_pandas()` a DataFrame.
+    column as a list, `table[i]` episode `i`'s row as a dict, `table[a:b]` (or a list of positions) a dict of
+    column lists, `len(table)` the number of episodes, iteration yields the rows, `to_pandas()` a DataFrame.
 
     Rows are in ascending episode order and positions are episode indices, as in a LeRobot dataset (episodes
     0..N-1). Columns: `episode_index`, `length`, `dataset_from_index`, `dataset_to_index` (the episode's rows in the
@@ -53,13 +53,13 @@ class EpisodeTable:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return (dict(row) for row in self._rows)
 
-    def __getitem__(self, key: str | int | slice) -> Any:
+    def __getitem__(self, key: str | int | slice | Sequence[int]) -> Any:
         if isinstance(key, str):
             if key not in self.column_names:
                 raise KeyError(f"no episode column {key!r}; columns: {self.column_names}")
             return [row.get(key) for row in self._rows]
-        if isinstance(key, slice):
-            rows = self._rows[key]
+        if isinstance(key, slice | Sequence):  # several episodes: a dict of column lists, as `datasets` gives
+            rows = self._rows[key] if isinstance(key, slice) else [self._rows[int(i)] for i in key]
             return {name: [row.get(name) for row in rows] for name in self.column_names}
         return dict(self._rows[int(key)])
 
