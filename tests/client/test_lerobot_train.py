@@ -33,6 +33,7 @@ from episerve.lerobot.train import split_arguments
 from tests.support import ROOT, ServerProcess
 
 lerobot_dataset = pytest.importorskip("lerobot.datasets.lerobot_dataset", reason="LeRobot is installed by make venv")
+LeRobotDataset = lerobot_dataset.LeRobotDataset  # as `from lerobot... import LeRobotDataset` before the switch
 
 TINY_ACT = [
     "--policy.type=act",
@@ -259,6 +260,7 @@ def test_switch_replaces_lerobots_classes(switched: str) -> None:
     from episerve.lerobot._switch import ServedLeRobotDataset, ServedLeRobotDatasetMetadata
 
     assert factory.LeRobotDataset is lerobot_dataset.LeRobotDataset is ServedLeRobotDataset
+    assert LeRobotDataset is ServedLeRobotDataset  # the name imported into this module before the switch
     assert factory.LeRobotDatasetMetadata is ServedLeRobotDatasetMetadata
     assert lerobot_train.make_dataset is factory.make_dataset
     dataset = lerobot_dataset.LeRobotDataset(

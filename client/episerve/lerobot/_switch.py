@@ -1,9 +1,10 @@
 """The switch: LeRobot's own `LeRobotDataset`, `LeRobotDatasetMetadata` and `MultiLeRobotDataset` served by an
 episerve server, for LeRobot's unchanged training script.
 
-`use_server(url)` replaces those three classes, and `make_dataset`, wherever LeRobot's modules hold them
-(`lerobot.datasets.lerobot_dataset`, `lerobot.datasets.factory`, `lerobot.scripts.lerobot_train` and any other
-`lerobot.*` module already imported); modules imported later take the replacements from there. The server's URL
+`use_server(url)` replaces those three classes, and `make_dataset`, wherever an imported module holds them
+(`lerobot.datasets.lerobot_dataset`, `lerobot.datasets.factory`, `lerobot.scripts.lerobot_train`, and a user's
+module that imported `LeRobotDataset` by name before the switch); modules imported later take the replacements
+from LeRobot's modules. The server's URL
 is also put in the environment (`EPISERVE_LEROBOT_URL`, and `EPISERVE_LEROBOT_TOKEN`), and this module applies
 the switch when it is imported in a process that has it: DataLoader workers that are forked inherit the switch,
 and spawned ones get it back when they unpickle the dataset (whose class lives here).
@@ -165,7 +166,7 @@ _REPLACEMENTS: dict[str, Any] = {
 
 
 def _replace_in_lerobot() -> None:
-    """Put the replacements wherever an imported `lerobot` module holds LeRobot's originals."""
+    """Put the replacements wherever an imported module holds LeRobot's originals."""
     try:
         import lerobot.datasets.factory as factory
         import lerobot.datasets.lerobot_dataset as lerobot_dataset
@@ -175,23 +176,27 @@ def _replace_in_lerobot() -> None:
         for name in ("LeRobotDataset", "LeRobotDatasetMetadata", "MultiLeRobotDataset"):
             _originals[name] = getattr(lerobot_dataset, name)
         _originals["make_dataset"] = factory.make_dataset
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not (module_name == "lerobot" or module_name.startswith("lerobot.")):
-            continue
+    for module in _modules():
         for name, original in _originals.items():
-            if getattr(module, name, None) is original:
+            if vars(module).get(name) is original:
                 setattr(module, name, _REPLACEMENTS[name])
+
+
+def _modules() -> list[Any]:
+    """The imported modules that may hold LeRobot's classes: all but episerve's own."""
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.partition(".")[0] != "episerve" and isinstance(getattr(module, "__dict__", None), dict)
+    ]
 
 
 def _restore_lerobot() -> None:
     """Undo `use_server` in this process (LeRobot's own classes back, the environment cleared): for tests."""
-    replacements = {id(value): name for name, value in _REPLACEMENTS.items()}
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not (module_name == "lerobot" or module_name.startswith("lerobot.")):
-            continue
-        for attribute, value in list(vars(module).items()):
-            if id(value) in replacements and value is _REPLACEMENTS[replacements[id(value)]]:
-                setattr(module, attribute, _originals[replacements[id(value)]])
+    for module in _modules():
+        for name, replacement in _REPLACEMENTS.items():
+            if vars(module).get(name) is replacement:
+                setattr(module, name, _originals[name])
     _server.update(url=None, token=None, client=None, pid=None)
     os.environ.pop(URL_VARIABLE, None)
     os.environ.pop(TOKEN_VARIABLE, None)
