@@ -155,7 +155,8 @@ def _alive(pid: int) -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from app.demo import DEFAULT_CAMERAS, write_demo_dataset
+    from app.demo import write_demo_dataset
+    from app.demo_cameras import DEFAULT_CAMERAS
 
     try:
         cameras = {} if args.no_video else DEFAULT_CAMERAS
@@ -191,7 +192,8 @@ def _serve(settings: Settings) -> int:
             log_config=None,
             access_log=False,
             http=functools.partial(
-                BoundedHttpToolsProtocol, limits=HeadLimits(settings.max_header_bytes, settings.header_timeout_s)
+                BoundedHttpToolsProtocol,
+                limits=HeadLimits(settings.max_header_bytes, settings.header_timeout_s, settings.send_timeout_s),
             ),
             loop="uvloop",
             timeout_graceful_shutdown=5,
@@ -221,7 +223,7 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     except ProblemError as exc:
         print(f"episerve-server warm: {exc.detail}", file=sys.stderr)
         return 2
-    rows_total = dataset.unbuilt_rows(needed)
+    rows_total = dataset.rows.unbuilt_rows(dataset.index(), needed)
     with tqdm(total=rows_total, unit="rows", unit_scale=True, desc=f"warming {dataset.id}") as bar:
         written = {"bytes": 0}
 

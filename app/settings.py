@@ -59,6 +59,13 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="Time a request body may take to arrive, in all (408 and close beyond)."
     )
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="Time a response may wait for its client to read on: a client that reads nothing of it for this "
+        "long is disconnected, and the unsent rest freed (a slow but steady reader never is).",
+    )
     max_episode_spec_chars: int = Field(100_000, ge=16, description="Longest accepted `episodes` spec.")
     max_window_offsets: int = Field(1024, ge=1, description="Offsets one delta_timestamps column may list.")
     max_window_values: int = Field(

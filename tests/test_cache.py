@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from app.demo import write_demo_dataset
-from app.reads.service import read_slice, take
 from app.settings import Settings
 from app.store.catalog import Catalog
+from tests.direct_reads import read_slice, take
 from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream, write_generic_dataset
 
 

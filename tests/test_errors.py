@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.support import assert_tables_equal, oracle, read_stream
+
 V3 = "/datasets/lerobot/demo-v3"
 
 
@@ -155,7 +157,10 @@ def test_wrong_content_type_is_415(http: httpx.Client) -> None:
 
 def test_unknown_route_and_method_are_problems(http: httpx.Client) -> None:
     assert_problem(http.get("/nowhere"), 404, "/nowhere")
-    assert_problem(http.delete("/datasets"), 405)
+    assert_problem(http.delete("/datasets"), 405, "DELETE is not allowed on /datasets; allowed: GET")
+    assert http.delete("/datasets").headers["allow"] == "GET"
+    assert "POST" in http.put(f"{V3}/rows/take").headers["allow"].split(", ")
+    assert set(http.delete(f"{V3}/rows").headers["allow"].split(", ")) == {"GET", "POST"}
 
 
 @pytest.mark.parametrize(
@@ -206,6 +211,30 @@ def test_unknown_query_parameters_are_422_naming_them_and_the_nearest_valid_name
     body = {"indices": [0]} if path.endswith("take") else {}
     response = http.request(method, f"{path}?{query}", json=body if method == "POST" else None)
     assert_problem(response, 422, *phrases)
+
+
+@pytest.mark.parametrize("lane", ["fast lane", "route"])
+def test_repeated_episodes_and_columns_are_their_union(http: httpx.Client, datasets_root, lane: str) -> None:
+    compressed = {"compression": "none"} if lane == "route" else {}  # a compression parameter skips the fast lane
+    query = [("episodes", "5"), ("episodes", "2-3"), ("columns", "episode_index"), ("columns", "index")]
+    response = http.get(f"{V3}/rows", params=[*query, *compressed.items()])
+    assert response.status_code == 200, response.text
+    table = read_stream(response.content)
+    expected = oracle(datasets_root / "lerobot" / "demo-v3", [2, 3, 5]).select(["episode_index", "index"])
+    assert table.column_names == ["episode_index", "index"]
+    assert_tables_equal(table, expected)
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "name"),
+    [
+        (f"{V3}/rows", "stop=3&stop=4", "stop"),
+        (f"{V3}/rows", "start=1&episodes=2&start=0", "start"),
+        (f"{V3}/rows", "delta_timestamps={}&delta_timestamps={}", "delta_timestamps"),
+    ],
+)
+def test_a_repeated_parameter_that_is_not_a_list_is_422(http: httpx.Client, path: str, query: str, name: str) -> None:
+    assert_problem(http.get(f"{path}?{query}"), 422, f"query parameter {name!r} is given more than once")
 
 
 def test_health_and_metrics_accept_cache_busting_query_parameters(http: httpx.Client) -> None:

@@ -194,3 +194,19 @@ def test_a_body_the_response_did_not_wait_for_cannot_hold_the_connection(servers
             pass
         assert closed(sock)
         assert time.monotonic() - started < HEADER_TIMEOUT_S + 2.0
+
+
+def test_a_body_cut_short_is_not_logged_as_an_error(servers: dict[str, ServerProcess]) -> None:
+    for server in servers.values():
+        before = server.log_path.read_text()
+        for method, path in [("POST", TAKE), ("POST", SLICE), ("POST", "/datasets/lerobot/demo-v3/cache")]:
+            with connect(server) as sock:
+                head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100"
+                sock.sendall(f'{head}\r\n\r\n{{"ind'.encode())
+                time.sleep(0.2)
+        with connect(server) as sock:  # still serving, and past the cut requests in the log
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock)[0] == 200
+        time.sleep(0.5)
+        logged = server.log_path.read_text()[len(before) :]
+        assert "Traceback" not in logged and "ERROR" not in logged, logged

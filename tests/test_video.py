@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import episerve
-from app.demo import TOP_CAMERA, WRIST_CAMERA
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from episerve._tensor_batch import INLINE_BLOCK_BYTES
 from tests.support import ServerProcess, eventually, oracle, read_stream
 from tests.test_errors import assert_problem

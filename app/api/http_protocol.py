@@ -1,11 +1,18 @@
-"""uvicorn's httptools protocol with a bounded request head: at most `max_bytes` of request line and headers,
-received within `timeout_s` of the connection opening or of the head's first byte.
+"""uvicorn's httptools protocol with a bounded request head and a send timeout: at most `max_bytes` of request
+line and headers, received within `timeout_s` of the connection opening or of the head's first byte; and a
+response the client stops reading is cut off after `send_timeout_s` without progress.
 
 Neither uvicorn nor httptools bounds either: a 1 MiB header is parsed, and a client that sends its head a byte at
 a time holds its connection (and a file descriptor) for as long as it likes. Beyond the size the server answers
 431, beyond the time 408 (or closes silently when nothing was sent at all), and closes the connection either way.
-The body's own deadline is kept where the body is read (`app.api.deps.read_json_body`, the fast lane); the rest
+The body's own deadline is kept where the body is read (`app.api.json_body.read_json_body`, the fast lane); the rest
 of a body the response did not wait for gets as long as a head.
+
+A client that stops reading its response (a trainer pausing for a checkpoint with requests in flight) leaves the
+unsent rest of it in the server's memory: the transport's write buffer holds what the socket did not take, and the
+response holds what it has not sent yet. Once the transport's buffer is full, uvicorn pauses the response
+(`pause_writing`); if it is not resumed within `send_timeout_s`, the connection is aborted, which frees both. A
+client reading slowly but steadily resumes it each time and is never cut off.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ from app.api.problems import PROBLEM_MEDIA_TYPE
 
 @dataclass(frozen=True)
 class HeadLimits:
-    """How large a request head may be, and how long it may take to arrive."""
+    """How large a request head may be, how long it may take to arrive, and how long a response may wait for the
+    client to read on."""
 
     max_bytes: int
     timeout_s: float
+    send_timeout_s: float = 60.0
 
 
 class _HeadTooLarge(Exception):
@@ -45,6 +54,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_size = 0  # request line and headers as parsed
         self._head_too_large = False
         self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -52,7 +62,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_send_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self._cancel_send_timer()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         # Data that starts at a request boundary or inside a head belongs to the head up to its end (a chunk that
@@ -124,6 +144,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(408, f"the request line and headers did not arrive within {self.limits.timeout_s:g} s")
         elif self.cycle is None and not self.transport.is_closing():
             self.transport.close()  # connected and sent nothing
+
+    def _cancel_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            self.logger.warning(
+                "%s: read nothing of its response for %g s; connection closed",
+                _client(self.client),
+                self.limits.send_timeout_s,
+            )
+            self.transport.abort()  # drops the unsent rest (close() would wait for the client to read it)
 
     def _too_large_detail(self) -> str:
         return f"the request line and headers exceed {self.limits.max_bytes} bytes"

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.errors import DatasetError, ProblemError
 
@@ -131,9 +132,31 @@ def install_problem_handlers(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route {request.method} {request.url.path}"
-        return problem(exc.status_code, detail)
+        headers = exc.headers
+        if exc.status_code == 405:
+            allowed = ", ".join(_allowed_methods(request))
+            headers = {**(headers or {}), "Allow": allowed}
+            detail = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+        return problem(exc.status_code, detail, headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> OrjsonResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return problem(500, "internal server error (this is a bug; the server log has the details)")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods some route accepts at the request's path (the router's 405 names only the first route's)."""
+    methods: set[str] = set()
+    pending = list(request.app.router.routes)
+    while pending:
+        route = pending.pop()
+        included = getattr(route, "original_router", None)  # a router included with `include_router`
+        if included is not None:
+            pending.extend(included.routes)
+        elif (
+            isinstance(getattr(route, "methods", None), set | frozenset)
+            and route.matches({**request.scope, "method": next(iter(route.methods))})[0] is Match.FULL
+        ):
+            methods.update(route.methods)
+    return sorted(methods)

@@ -77,9 +77,10 @@ class SliceRequest(RowSelection):
 
     @classmethod
     def from_query(cls, pairs: Iterable[tuple[str, str]]) -> SliceRequest:
-        """The request a `GET /rows` query string states (the last value of a repeated parameter counts)."""
+        """The request a `GET /rows` query string states (repeated `episodes` or `columns` are joined, see
+        `merged_query`)."""
         given: dict[str, Any] = {}
-        for name, text in pairs:
+        for name, text in merged_query(pairs).items():
             given[name] = _QUERY_VALUES.get(name, _as_text)(name, text)
         return validated(cls, given, "query")
 
@@ -94,6 +95,27 @@ class WarmRequest(BaseModel):
 
     def episode_ranges(self, settings: Settings) -> EpisodeRanges | None:
         return episode_ranges(self.episodes, settings)
+
+
+LIST_PARAMETERS = ("episodes", "columns")
+
+
+def merged_query(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """A query's parameters by name. A repeated list-valued parameter (`episodes=1&episodes=2`, as HTTP clients send
+    a list) stands for the union of its values, joined by commas in the order given; any other repeated parameter
+    is `InvalidInput`, never silently its last value."""
+    merged: dict[str, str] = {}
+    for name, text in pairs:
+        if name not in merged:
+            merged[name] = text
+        elif name in LIST_PARAMETERS:
+            merged[name] += "," + text
+        else:
+            raise InvalidInput(
+                f"query parameter {name!r} is given more than once; only {' and '.join(LIST_PARAMETERS)} may repeat "
+                "(their values are joined)"
+            )
+    return merged
 
 
 def validated(model: type[BaseModel], document: Any, where: str) -> Any:
