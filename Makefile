@@ -10,9 +10,8 @@ STAMP := $(VENV)/.installed
 # torch's CPU build: constraints.txt pins torch==2.13.0+cpu on Linux and Windows, a version only PyTorch's own CPU
 # index serves (PyPI's Linux wheels of the same release are CUDA builds, ~2.5 GB more). torch alone is installed in a
 # step of its own: from pip's configured places first (a wheel cache, a mirror, a local directory), and only where
-# the CPU build is not there from that index, so no other package is ever looked up there. Where the index cannot be reached, pip
-# says so and looks in its other configured places (a wheel cache, a mirror); with no CPU build anywhere it stops
-# rather than install a CUDA build. `make test TORCH_INDEX=<url>` names a mirror of that index.
+# the CPU build is not there from that index, so no other package is ever looked up there. With no CPU build
+# anywhere it stops rather than install a CUDA build. `make test TORCH_INDEX=<url>` names a mirror of that index.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: venv serve-venv ui ui-check serve test wheels lint format clean
@@ -23,10 +22,19 @@ $(SERVE_STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e . -e ./client
 	touch $(SERVE_STAMP)
 
-$(STAMP): $(SERVE_STAMP) pyproject.toml client/pyproject.toml constraints.txt
+# LeRobot 0.4.4, for the tests that run its own training script through episerve: its declared dependencies
+# conflict with this project's pins, so what its training path imports is installed from
+# tests/lerobot_env/requirements.txt, then lerobot and the torchvision built for torch 2.13 without their
+# dependencies, plus a start-up shim that lets that torchvision import beside torch's CPU build (all explained in
+# tests/lerobot_env/).
+$(STAMP): $(SERVE_STAMP) pyproject.toml client/pyproject.toml constraints.txt tests/lerobot_env/requirements.txt \
+		tests/lerobot_env/torchvision_cpu_shim.py
 	$(BIN)/pip install -q -c constraints.txt --no-deps torch 2>/dev/null \
 		|| $(BIN)/pip install -q -c constraints.txt --no-deps --extra-index-url $(TORCH_INDEX) torch
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]" -e "./client[torch,images]"
+	$(BIN)/pip install -q -c constraints.txt -r tests/lerobot_env/requirements.txt
+	$(BIN)/pip install -q --no-deps -c constraints.txt lerobot torchvision
+	$(BIN)/python tests/lerobot_env/install_shim.py
 	touch $(STAMP)
 
 serve-venv: $(SERVE_STAMP)

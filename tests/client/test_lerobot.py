@@ -292,10 +292,13 @@ def test_metadata_equals_the_dataset_files(video_root: Path, camera_server: Serv
     ds = RemoteLeRobotDataset(camera_server.url, name, episodes=[4, 1])
     meta = ds.meta
     assert meta.fps == ds.fps == info["fps"] and isinstance(meta.fps, int)
-    assert meta.features == ds.features == info["features"]
+    assert meta.features == ds.features == {k: {**f, "shape": tuple(f["shape"])} for k, f in info["features"].items()}
+    assert meta.info["features"] == meta.features and meta.info["robot_type"] == info["robot_type"]
     assert meta.camera_keys == ds.camera_keys == [IMAGE, TOP_CAMERA, WRIST_CAMERA]
     assert meta.video_keys == [TOP_CAMERA, WRIST_CAMERA] and meta.image_keys == [IMAGE]
-    assert meta.tasks == _tasks(root, info["codebase_version"])
+    assert meta.tasks_by_index == _tasks(root, info["codebase_version"])
+    assert [meta.tasks.iloc[i].name for i in range(len(meta.tasks))] == list(meta.tasks_by_index.values())
+    assert meta.tasks["task_index"].tolist() == list(meta.tasks_by_index)
     assert (meta.total_episodes, meta.total_frames, meta.total_tasks) == (
         info["total_episodes"],
         info["total_frames"],
@@ -303,9 +306,14 @@ def test_metadata_equals_the_dataset_files(video_root: Path, camera_server: Serv
     )
     assert meta.shapes["action"] == (6,) and meta.names["action"] == info["features"]["action"]["names"]
     rows = reference(root).rows
-    for episode, entry in meta.episodes.items():
+    assert (
+        meta.episodes["episode_index"] == list(range(info["total_episodes"])) == [e for e in range(len(meta.episodes))]
+    )
+    for entry in meta.episodes:
+        episode = entry["episode_index"]
+        assert meta.episodes[episode] == entry
         indices = [r["index"] for r in rows if r["episode_index"] == episode]
-        tasks = {meta.tasks[r["task_index"]] for r in rows if r["episode_index"] == episode}
+        tasks = {meta.tasks_by_index[r["task_index"]] for r in rows if r["episode_index"] == episode}
         assert (entry["length"], entry["dataset_from_index"], entry["dataset_to_index"]) == (
             len(indices),
             indices[0],
@@ -325,8 +333,9 @@ def test_stats_equal_the_v30_stats_file(video_root: Path, camera_server: ServerP
     for feature, values in on_disk.items():
         assert list(stats[feature]) == list(values)
         for stat, value in values.items():
-            assert isinstance(stats[feature][stat], torch.Tensor)
-            assert torch.equal(stats[feature][stat], torch.tensor(value)), (feature, stat)
+            assert isinstance(stats[feature][stat], np.ndarray)  # as LeRobot's load_stats: np.array of the JSON
+            assert stats[feature][stat].dtype == np.array(value).dtype, (feature, stat)
+            np.testing.assert_array_equal(stats[feature][stat], np.array(value), err_msg=f"{feature} {stat}")
     assert stats[TOP_CAMERA]["mean"].shape == (3, 1, 1)
 
 
@@ -346,10 +355,10 @@ def test_stats_of_v21_are_its_episode_stats_merged_as_lerobot_does(
         mean = (means * counts).sum(axis=0) / counts.sum(axis=0)
         variance = ((np.array([p["std"] for p in parts]) ** 2 + (means - mean) ** 2) * counts).sum(axis=0)
         std = np.sqrt(variance / counts.sum(axis=0))
-        torch.testing.assert_close(merged["mean"], torch.tensor(mean, dtype=torch.float32))
-        torch.testing.assert_close(merged["std"], torch.tensor(std, dtype=torch.float32))
-        assert torch.equal(merged["min"], torch.tensor(np.min([p["min"] for p in parts], axis=0).tolist()))
-        assert torch.equal(merged["max"], torch.tensor(np.max([p["max"] for p in parts], axis=0).tolist()))
+        np.testing.assert_allclose(merged["mean"], mean, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(merged["std"], std, rtol=1e-6, atol=1e-9)
+        np.testing.assert_array_equal(merged["min"], np.min([p["min"] for p in parts], axis=0))
+        np.testing.assert_array_equal(merged["max"], np.max([p["max"] for p in parts], axis=0))
         assert merged["count"].tolist() == [int(sum(p["count"][0] for p in parts))]
 
 

@@ -10,6 +10,10 @@ windows and decodes the video frames; the client decodes parquet PNGs.
 A DataLoader batch is one request (`__getitems__`), converted to LeRobot's dtypes once per batch; with
 `collate_fn=episerve.lerobot.collate` the batch arrives whole and crosses from the worker as one block. torch's
 default collate gives the same batch by stacking the samples again.
+
+`meta` is LeRobot's metadata in LeRobot's shapes (`episerve.lerobot._metadata`). `use_server(url)` makes LeRobot's
+own `LeRobotDataset`, `LeRobotDatasetMetadata` and `MultiLeRobotDataset` these, for LeRobot's unchanged training
+script (`episerve.lerobot._switch`; `python -m episerve.lerobot.train`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import os
 
 try:
-    import torch
+    import torch  # noqa: F401  (the samples are torch tensors: fail here, with the hint, without it)
 except ImportError as exc:  # pragma: no cover - depends on the install
     from episerve._extras import install_hint
 
@@ -34,64 +38,10 @@ from episerve._extras import install_hint
 from episerve._output_lerobot import LeRobotFormatter
 from episerve._outputs import formatter
 from episerve._retry import Retries
+from episerve.lerobot._arguments import check_video_backend
+from episerve.lerobot._metadata import EpisodeTable, RemoteLeRobotDatasetMetadata
 
-__all__ = ["RemoteLeRobotDataset", "RemoteLeRobotDatasetMetadata", "collate"]
-
-_CAMERA_DTYPES = ("image", "video")
-
-
-class RemoteLeRobotDatasetMetadata:
-    """What `LeRobotDatasetMetadata` tells training code, as the server describes the dataset.
-
-    `fps`, `features` (info.json's, with each camera's `shape` as served), `camera_keys`/`video_keys`/
-    `image_keys`, `tasks` (`{task_index: task}`), `episodes` (`{episode_index: {"length", "tasks",
-    "dataset_from_index", "dataset_to_index"}}`), `stats` (`{feature: {stat: tensor}}`, from `meta/stats.json`
-    or merged from v2.1's episode statistics, as LeRobot loads them; None without statistics files),
-    `total_episodes`, `total_frames`, `total_tasks`, `names` and `shapes`.
-    """
-
-    def __init__(self, client: Client, repo_id: str) -> None:
-        described = client.info(repo_id)
-        self.repo_id = repo_id
-        fps = described.get("fps")
-        self.fps: float | int | None = int(fps) if isinstance(fps, float) and fps.is_integer() else fps
-        self.columns = [c["name"] for c in described["columns"] if "video" not in c]
-        self.features = _served_features(described)
-        self.tasks = {int(index): task for index, task in (described.get("tasks") or {}).items()}
-        self.episodes = {int(e["episode_index"]): e for e in client.episodes(repo_id)}
-        self.stats = _stats_tensors(client.stats(repo_id))
-        self.total_frames = int(described["rows"])
-        self.total_episodes = len(self.episodes)
-
-    @property
-    def video_keys(self) -> list[str]:
-        return [key for key, feature in self.features.items() if feature.get("dtype") == "video"]
-
-    @property
-    def image_keys(self) -> list[str]:
-        return [key for key, feature in self.features.items() if feature.get("dtype") == "image"]
-
-    @property
-    def camera_keys(self) -> list[str]:
-        return [key for key, feature in self.features.items() if feature.get("dtype") in _CAMERA_DTYPES]
-
-    @property
-    def total_tasks(self) -> int:
-        return len(self.tasks)
-
-    @property
-    def names(self) -> dict[str, Any]:
-        return {key: feature.get("names") for key, feature in self.features.items()}
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {key: tuple(feature.get("shape") or ()) for key, feature in self.features.items()}
-
-    def __repr__(self) -> str:
-        return (
-            f"RemoteLeRobotDatasetMetadata({self.repo_id!r}, episodes={self.total_episodes}, "
-            f"frames={self.total_frames}, fps={self.fps}, cameras={self.camera_keys})"
-        )
+__all__ = ["EpisodeTable", "RemoteLeRobotDataset", "RemoteLeRobotDatasetMetadata", "collate", "use_server"]
 
 
 class RemoteLeRobotDataset(EpisodeDataset):
@@ -100,9 +50,12 @@ class RemoteLeRobotDataset(EpisodeDataset):
     Constructed like LeRobotDataset, with the server's URL (or a `Client`) first: `repo_id` is the dataset's id
     on the server, `episodes` a list of episode ids (None: every episode), `delta_timestamps`
     `{key: [seconds...]}` (LeRobot's windows, checked against `tolerance_s` by the server), `image_transforms`
-    a callable applied to each sample's camera tensors. `revision`, `video_backend`, `download_videos` and
-    `force_cache_sync` are accepted for compatibility and do nothing: the server owns the files and decoding.
-    `cache_dir` is the server's cache directory where this machine can read it (see `Client`).
+    a callable applied to each sample's camera tensors. LeRobot's other arguments (`root`, `revision`,
+    `force_cache_sync`, `download_videos`, `video_backend`, `batch_encoding_size`, `vcodec`, `streaming_encoding`,
+    `encoder_queue_maxsize`, `encoder_threads`) are accepted by keyword; the server owns the files and decoding,
+    so they change nothing, except that a `revision` or `video_backend` that cannot be honoured is a ValueError
+    (`episerve.lerobot._arguments`). `cache_dir` is the server's cache directory where this machine can read it
+    (see `Client`). `episerve.lerobot.use_server(url)` makes LeRobot's own `LeRobotDataset` this class.
 
     The sample order is LeRobot's: ascending episode order, then frame order, whatever order `episodes` lists.
     """
@@ -120,15 +73,24 @@ class RemoteLeRobotDataset(EpisodeDataset):
         token: str | None = None,
         *,
         retries: Retries | int | None = None,
+        root: str | os.PathLike[str] | None = None,
         revision: str | None = None,
         video_backend: str | None = None,
         download_videos: bool = True,
         force_cache_sync: bool = False,
+        batch_encoding_size: int = 1,
+        vcodec: str = "libsvtav1",
+        streaming_encoding: bool = False,
+        encoder_queue_maxsize: int = 30,
+        encoder_threads: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         client = connect(url, token, retries, cache_dir)
         self.repo_id = repo_id
-        self.meta = RemoteLeRobotDatasetMetadata(client, repo_id)
+        self.video_backend = check_video_backend(video_backend)
+        self.meta = RemoteLeRobotDatasetMetadata(client, repo_id, root=root, revision=revision)
+        self.root = self.meta.root
+        self.revision = self.meta.revision
         self.episodes = list(episodes) if episodes is not None and not isinstance(episodes, str) else episodes
         self.tolerance_s = tolerance_s
         self.delta_timestamps = (
@@ -155,7 +117,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
                 image_keys=self.meta.image_keys,
                 stored=self._stored,
                 windows=self.delta_timestamps,
-                tasks=self.meta.tasks,
+                tasks=self.meta.tasks_by_index,
                 image_transforms=image_transforms,
             ),
         )
@@ -204,27 +166,6 @@ class RemoteLeRobotDataset(EpisodeDataset):
         )
 
 
-def _served_features(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """info.json's features, with each camera's shape as the server serves it (it may downscale frames)."""
-    features = {key: dict(feature) for key, feature in (described.get("features") or {}).items()}
-    for column in described["columns"]:
-        feature = features.get(column["name"])
-        if "video" not in column or feature is None:
-            continue
-        height, width, channels = column["video"]["shape"]
-        by_name = {"height": height, "width": width, "channels": channels}
-        names = feature.get("names") or ["height", "width", "channels"]
-        if sorted(names) == sorted(by_name):
-            feature["shape"] = [by_name[name] for name in names]
-    return features
-
-
-def _stats_tensors(stats: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
-    if stats is None:
-        return None
-    return {feature: {name: torch.tensor(values) for name, values in part.items()} for feature, part in stats.items()}
-
-
 def _delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float | None) -> dict[str, list[int]] | None:
     if delta_timestamps is None or not fps:
         return None
@@ -236,3 +177,6 @@ def _require_pillow() -> None:
         import PIL  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"datasets with image features need Pillow: {install_hint('torch', 'images')}") from exc
+
+
+from episerve.lerobot._switch import use_server  # noqa: E402  (the switch builds on the classes above)

@@ -1,0 +1,41 @@
+"""LeRobot's constructor arguments that have no counterpart on a server: which are accepted, which refused.
+
+`LeRobotDataset(repo_id, root, episodes, image_transforms, delta_timestamps, tolerance_s, revision,
+force_cache_sync, download_videos, video_backend, batch_encoding_size, vcodec, streaming_encoding,
+encoder_queue_maxsize, encoder_threads)` (LeRobot 0.4.4):
+
+- honoured: `repo_id` (the dataset's id on the server), `episodes`, `image_transforms`, `delta_timestamps`,
+  `tolerance_s`;
+- accepted, and meaningless on a server, so they change nothing: `root` (where LeRobot keeps its local copy; the
+  server owns the files; kept as `.root`), `force_cache_sync` and `download_videos` (there is no local copy to sync
+  or download into), `batch_encoding_size`, `vcodec`, `streaming_encoding`, `encoder_queue_maxsize`,
+  `encoder_threads` (recording only);
+- `video_backend`: frames are decoded by the server with FFmpeg through PyAV, LeRobot's `pyav` backend; any of
+  LeRobot's backends is accepted (`torchcodec` may differ from PyAV by one level on some pixels), another name is
+  a ValueError as in LeRobot;
+- `revision`: a Hub revision would select other files; the server serves one version of each dataset, so only
+  None, LeRobot's default (`v3.0`) or the dataset's own `codebase_version` are accepted, anything else is a
+  ValueError (serve that revision under a dataset id of its own).
+"""
+
+from __future__ import annotations
+
+VIDEO_BACKENDS = ("pyav", "torchcodec", "video_reader")
+DEFAULT_REVISION = "v3.0"  # LeRobot 0.4.4's CODEBASE_VERSION, what it uses for revision=None
+
+
+def check_revision(revision: str | None, codebase_version: str | None) -> str:
+    """The dataset's revision as LeRobot reports it; a ValueError for one the server cannot serve."""
+    if revision is None or revision in (DEFAULT_REVISION, codebase_version):
+        return revision or codebase_version or DEFAULT_REVISION
+    raise ValueError(
+        f"revision={revision!r} cannot be honoured: an episerve server serves one version of each dataset "
+        f"(this one is {codebase_version}); serve that revision's files under a dataset id of their own"
+    )
+
+
+def check_video_backend(video_backend: str | None) -> str:
+    """The backend LeRobot would report; decoding is the server's (PyAV) whichever is named."""
+    if video_backend is not None and video_backend not in VIDEO_BACKENDS:
+        raise ValueError(f"Unsupported video backend: {video_backend} (LeRobot's are {', '.join(VIDEO_BACKENDS)})")
+    return video_backend or "pyav"

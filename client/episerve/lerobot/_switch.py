@@ -1,0 +1,206 @@
+"""The switch: LeRobot's own `LeRobotDataset`, `LeRobotDatasetMetadata` and `MultiLeRobotDataset` served by an
+episerve server, for LeRobot's unchanged training script.
+
+`use_server(url)` replaces those three classes, and `make_dataset`, wherever an imported module holds them
+(`lerobot.datasets.lerobot_dataset`, `lerobot.datasets.factory`, `lerobot.scripts.lerobot_train`, and a user's
+module that imported `LeRobotDataset` by name before the switch); modules imported later take the replacements
+from LeRobot's modules. The server's URL
+is also put in the environment (`EPISERVE_LEROBOT_URL`, and `EPISERVE_LEROBOT_TOKEN`), and this module applies
+the switch when it is imported in a process that has it: DataLoader workers that are forked inherit the switch,
+and spawned ones get it back when they unpickle the dataset (whose class lives here).
+
+Written for LeRobot 0.4.4; everything that depends on LeRobot's module layout is in this module, so that a reader
+for another release (LeRobot's main picks a storage reader by `storage_format` in info.json) can take its place.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from episerve._client import Client
+from episerve.lerobot import RemoteLeRobotDataset
+from episerve.lerobot._metadata import RemoteLeRobotDatasetMetadata
+
+__all__ = [
+    "ServedLeRobotDataset",
+    "ServedLeRobotDatasetMetadata",
+    "ServedMultiLeRobotDataset",
+    "served_url",
+    "use_server",
+]
+
+URL_VARIABLE = "EPISERVE_LEROBOT_URL"
+TOKEN_VARIABLE = "EPISERVE_LEROBOT_TOKEN"
+MIXTURES_NOT_SERVED = (
+    "episerve: training on several datasets at once (MultiLeRobotDataset, --dataset.repo_id='[a,b]') is not "
+    "served through the LeRobot switch yet; weighted mixtures of datasets come in a later release. Train on one "
+    "dataset id."
+)
+STREAMING_NOT_SERVED = (
+    "episerve: --dataset.streaming=true (StreamingLeRobotDataset) is not served through the LeRobot switch; "
+    "leave it false: the map-style dataset already streams from the server, one request per batch."
+)
+
+_server: dict[str, Any] = {"url": None, "token": None, "client": None, "pid": None}
+_originals: dict[str, Any] = {}
+
+
+def use_server(url: str, token: str | None = None) -> None:
+    """From now on, in this process and its DataLoader workers, LeRobot's datasets are served by the episerve
+    server at `url`: `LeRobotDataset(repo_id, ...)` is `ServedLeRobotDataset` over the server's dataset `repo_id`,
+    `LeRobotDatasetMetadata` its metadata, and several datasets at once a clear error (not yet served). `token`
+    (default: `$EPISERVE_TOKEN`) authenticates to the server. Needs LeRobot installed; may be called again to
+    change the server."""
+    _server.update(url=url, token=token, client=None, pid=None)
+    os.environ[URL_VARIABLE] = url
+    if token is not None:
+        os.environ[TOKEN_VARIABLE] = token
+    else:
+        os.environ.pop(TOKEN_VARIABLE, None)
+    _replace_in_lerobot()
+
+
+def served_url() -> str | None:
+    """The URL `use_server` set in this process, None before."""
+    return _server["url"]
+
+
+def _client() -> Client:
+    """This process's client of the switched server (one per process; a fork makes its own)."""
+    if _server["url"] is None:
+        raise RuntimeError("episerve.lerobot.use_server(url) has not been called in this process")
+    if _server["client"] is None or _server["pid"] != os.getpid():
+        _server.update(client=Client(_server["url"], _server["token"]), pid=os.getpid())
+    return _server["client"]
+
+
+class ServedLeRobotDatasetMetadata(RemoteLeRobotDatasetMetadata):
+    """`LeRobotDatasetMetadata` with LeRobot's signature, served by the switched server."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        root: str | os.PathLike[str] | None = None,
+        revision: str | None = None,
+        force_cache_sync: bool = False,
+        metadata_buffer_size: int = 10,
+    ) -> None:
+        super().__init__(
+            _client(),
+            repo_id,
+            root=root,
+            revision=revision,
+            force_cache_sync=force_cache_sync,
+            metadata_buffer_size=metadata_buffer_size,
+        )
+
+
+class ServedLeRobotDataset(RemoteLeRobotDataset):
+    """`LeRobotDataset` with LeRobot 0.4.4's signature (positional order included), served by the switched server:
+    `RemoteLeRobotDataset` over dataset `repo_id`. See `episerve.lerobot._arguments` for the arguments that change
+    nothing on a server and those refused."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        root: str | os.PathLike[str] | None = None,
+        episodes: list[int] | None = None,
+        image_transforms: Callable[[Any], Any] | None = None,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        tolerance_s: float = 1e-4,
+        revision: str | None = None,
+        force_cache_sync: bool = False,
+        download_videos: bool = True,
+        video_backend: str | None = None,
+        batch_encoding_size: int = 1,
+        vcodec: str = "libsvtav1",
+        streaming_encoding: bool = False,
+        encoder_queue_maxsize: int = 30,
+        encoder_threads: int | None = None,
+    ) -> None:
+        super().__init__(
+            _client(),
+            repo_id,
+            episodes,
+            delta_timestamps,
+            image_transforms,
+            tolerance_s,
+            root=root,
+            revision=revision,
+            force_cache_sync=force_cache_sync,
+            download_videos=download_videos,
+            video_backend=video_backend,
+            batch_encoding_size=batch_encoding_size,
+            vcodec=vcodec,
+            streaming_encoding=streaming_encoding,
+            encoder_queue_maxsize=encoder_queue_maxsize,
+            encoder_threads=encoder_threads,
+        )
+
+
+class ServedMultiLeRobotDataset:
+    """`MultiLeRobotDataset` through the switch: not served yet (a clear error, whatever the arguments)."""
+
+    def __init__(self, repo_ids: list[str], *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(MIXTURES_NOT_SERVED)
+
+
+def _served_make_dataset(cfg: Any) -> Any:
+    """LeRobot's `make_dataset` over the served classes, refusing first what the switch does not serve."""
+    if not isinstance(cfg.dataset.repo_id, str):
+        raise NotImplementedError(MIXTURES_NOT_SERVED)
+    if getattr(cfg.dataset, "streaming", False):
+        raise NotImplementedError(STREAMING_NOT_SERVED)
+    return _originals["make_dataset"](cfg)
+
+
+_REPLACEMENTS: dict[str, Any] = {
+    "LeRobotDataset": ServedLeRobotDataset,
+    "LeRobotDatasetMetadata": ServedLeRobotDatasetMetadata,
+    "MultiLeRobotDataset": ServedMultiLeRobotDataset,
+    "make_dataset": _served_make_dataset,
+}
+
+
+def _replace_in_lerobot() -> None:
+    """Put the replacements wherever an imported module holds LeRobot's originals."""
+    try:
+        import lerobot.datasets.factory as factory
+        import lerobot.datasets.lerobot_dataset as lerobot_dataset
+    except ImportError as exc:
+        raise ImportError("episerve.lerobot.use_server needs LeRobot: pip install lerobot") from exc
+    if not _originals:
+        for name in ("LeRobotDataset", "LeRobotDatasetMetadata", "MultiLeRobotDataset"):
+            _originals[name] = getattr(lerobot_dataset, name)
+        _originals["make_dataset"] = factory.make_dataset
+    for module in _modules():
+        for name, original in _originals.items():
+            if vars(module).get(name) is original:
+                setattr(module, name, _REPLACEMENTS[name])
+
+
+def _modules() -> list[Any]:
+    """The imported modules that may hold LeRobot's classes: all but episerve's own."""
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if name.partition(".")[0] != "episerve" and isinstance(getattr(module, "__dict__", None), dict)
+    ]
+
+
+def _restore_lerobot() -> None:
+    """Undo `use_server` in this process (LeRobot's own classes back, the environment cleared): for tests."""
+    for module in _modules():
+        for name, replacement in _REPLACEMENTS.items():
+            if vars(module).get(name) is replacement:
+                setattr(module, name, _originals[name])
+    _server.update(url=None, token=None, client=None, pid=None)
+    os.environ.pop(URL_VARIABLE, None)
+    os.environ.pop(TOKEN_VARIABLE, None)
+
+
+if os.environ.get(URL_VARIABLE) and _server["url"] is None:  # a worker or child of a switched process
+    use_server(os.environ[URL_VARIABLE], os.environ.get(TOKEN_VARIABLE))
