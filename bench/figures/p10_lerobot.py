@@ -20,7 +20,7 @@ loader is a DataLoader with batch 64, 2 workers and shuffle, over samples holdin
 
 The clock starts once the first batch has arrived (worker start-up excluded); the loaders run `Scale.rounds`
 times, interleaved, and the table shows medians. Before measuring, a few samples are checked to be equal, key by
-key, through every path (the real peers: every key but `task` bit-identical, see `bench/figures/p10_real.py`).
+key, through every path (the real peers: every key but `task` bit-identical, see `bench/figures/real_peers.py`).
 The sample counts are P9's; the real peers draw as many as episerve's loaders.
 """
 
@@ -39,7 +39,7 @@ from bench.camera_datasets import CameraDataset, ensure_camera_dataset
 from bench.config import CameraSize
 from bench.context import Context
 from bench.datasets import ACTION, FPS
-from bench.figures import p10_real
+from bench.figures import real_peers
 from bench.figures.p3_loader import samples_per_second
 from bench.figures.p9_camera import warm_seconds
 from bench.peers.lerobot_camera import LeRobotStyleCameraSamples
@@ -63,10 +63,7 @@ LABELS = {
 
 def run(ctx: Context) -> list[Row]:
     rows: list[Row] = []
-    peers = RealPeers.ensure(ctx.workdir, ctx.logs / "real-peers.log")
-    if isinstance(peers, RealPeers):
-        versions = ", ".join(f"{name} {version}" for name, version in peers.versions.items())
-        ctx.notes.append(f"P10's real peers ran in their own Python 3.12 venv: {versions}.")
+    peers = real_peers.peers(ctx)
     for size in ctx.scale.p9.cameras:
         print(f"# P10 {size.name} ...", file=sys.stderr)
         rows += _camera(ctx, size, peers)
@@ -93,8 +90,9 @@ def _camera(ctx: Context, size: CameraSize, peers: RealPeers | str) -> list[Row]
         ):
             loaders = _loaders(dataset, on_demand.url, cached.url, cache)
             picked = _check_same_samples(dataset, loaders)
-            if isinstance(peers, RealPeers):
-                peers, real = _ready_peers(ctx, dataset, loaders["cache"].dataset, peers, picked)
+            peers, real = real_peers.ready(
+                dataset, peers, partial(_check_real_samples, ctx, dataset, loaders["cache"].dataset, picked)
+            )
             samples = min(ctx.scale.p9.samples, dataset.rows - 2 * BATCH)
             peer_samples = min(ctx.scale.p9.peer_samples, samples)
             measure = partial(_measure, dataset, loaders, peers, samples, peer_samples)
@@ -104,28 +102,19 @@ def _camera(ctx: Context, size: CameraSize, peers: RealPeers | str) -> list[Row]
     speed = {key: medians(measured)[KEY] for key, measured in rounds.items()}
     rows = _target_rows(case, dataset, speed, rounds, samples, peer_samples)
     if not isinstance(peers, RealPeers):
-        return [*rows, p10_real.skipped_row(case, peers)]
-    spreads = {(o, p): ratio_spread(rounds[o], rounds[p], KEY) for o, _ in p10_real.OURS for p in real}
+        return [*rows, real_peers.skipped_row("P10", case, "samples/s", peers)]
+    spreads = {(o, p): ratio_spread(rounds[o], rounds[p], KEY) for o, _ in real_peers.OURS for p in real}
     lance_bytes = directory_bytes(peers.lance_copy(dataset))
-    ctx.notes.append(p10_real.summary(case, speed))
+    ctx.notes.append(real_peers.summary(case, speed))
     return [
         *rows,
-        *p10_real.comparison_rows(case, speed, spreads, f"{samples:,} samples each"),
-        p10_real.disk_row(case, dataset, lance_bytes, cache_bytes),
+        *real_peers.comparison_rows(case, speed, spreads, f"{samples:,} samples each"),
+        real_peers.disk_row(case, dataset, lance_bytes, cache_bytes),
     ]
 
 
-def _ready_peers(
-    ctx: Context, dataset: CameraDataset, ours: Any, peers: RealPeers, picked: list[int]
-) -> tuple[RealPeers | str, list[str]]:
-    """The real peers with their Lance copy made and their samples checked against episerve's; the reason
-    instead when they fail to run (a sample that differs is an error, not a skip)."""
-    try:
-        peers.lance_copy(dataset)
-        ctx.notes.append(f"P10 {dataset.name}: {p10_real.check_same_samples(dataset, ours, peers, picked)}.")
-    except (OSError, PeerFailed) as error:
-        return f"{error}", []
-    return peers, list(REAL)
+def _check_real_samples(ctx: Context, dataset: CameraDataset, ours: Any, picked: list[int], peers: RealPeers) -> None:
+    ctx.notes.append(f"P10 {dataset.name}: {real_peers.check_same_samples(dataset, ours, peers, picked)}.")
 
 
 def _target_rows(

@@ -65,17 +65,24 @@ class RealPeers:
     def root(self, key: str, dataset: CameraDataset) -> Path:
         return self.lance_copy(dataset) if key == "lance" else dataset.path
 
-    def measure(self, key: str, dataset: CameraDataset, samples: int, batch: int, workers: int) -> float:
-        """Samples/s of the peer's shuffled DataLoader, clock started after the first batch."""
+    def measure(
+        self, key: str, dataset: CameraDataset, samples: int, batch: int, workers: int, frames: bool = False
+    ) -> float:
+        """Samples/s of the peer's shuffled DataLoader, clock started after the first batch; `frames`: P9's
+        uint8 frames without action windows."""
         command = ["measure", "--peer", PEERS[key], "--root", str(self.root(key, dataset))]
+        command += ["--frames"] if frames else []
         command += ["--samples", str(samples), "--batch", str(batch), "--workers", str(workers)]
         return float(self._run(command)["samples_per_s"])
 
-    def samples(self, key: str, dataset: CameraDataset, indices: list[int]) -> dict[int, dict[str, np.ndarray]]:
-        """The peer's samples at `indices`, every value a numpy array."""
+    def samples(
+        self, key: str, dataset: CameraDataset, indices: list[int], frames: bool = False
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """The peer's samples at `indices`, every value a numpy array (`frames`: as `measure`)."""
         out = self.workdir / "lance" / f"samples-{PEERS[key]}-{dataset.name}.npz"
         out.parent.mkdir(parents=True, exist_ok=True)
         command = ["samples", "--peer", PEERS[key], "--root", str(self.root(key, dataset))]
+        command += ["--frames"] if frames else []
         self._run([*command, "--indices", ",".join(map(str, indices)), "--out", str(out)])
         found: dict[int, dict[str, np.ndarray]] = {index: {} for index in indices}
         with np.load(out) as arrays:

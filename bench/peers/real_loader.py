@@ -2,13 +2,14 @@
 imported by the bench itself: it needs lerobot 0.6.1, which episerve's Python 3.11 venv cannot install.
 
     python real_loader.py convert --root DATASET --out LANCE_COPY
-    python real_loader.py samples --peer lerobot|lance --root ROOT --indices 3,17 --out FILE.npz
-    python real_loader.py measure --peer lerobot|lance --root ROOT --samples 3200 [--batch 64 --workers 2]
+    python real_loader.py samples --peer lerobot|lance --root ROOT [--frames] --indices 3,17 --out FILE.npz
+    python real_loader.py measure --peer lerobot|lance --root ROOT [--frames] --samples 3200 [--batch 64 --workers 2]
 
 Peers: `lerobot` is LeRobot 0.6.1's `LeRobotDataset` over the LeRobot v3.0 dataset at ROOT (frames decoded by
 torchcodec); `lance` is lerobot-lancedb's `LanceDBDataset` over the Lance copy at ROOT (written by `convert`).
 Both return LeRobot's sample dict (the camera frame as float32 in [0, 1], a `HORIZON`-step action window with
-`action_is_pad`, the state, the standard columns, `task`). `measure` runs a torch DataLoader (batch 64, 2 workers,
+`action_is_pad`, the state, the standard columns, `task`); with `--frames` (P9) the frame as uint8 and the row's
+columns, no window (`return_uint8=True`, no `delta_timestamps`). `measure` runs a torch DataLoader (batch 64, 2 workers,
 shuffled, torch's default collate; Lance with its own multiprocessing context, as its README shows), starts the
 clock once the first batch has arrived and prints `{"samples_per_s": ...}` as the last line of stdout. `samples`
 writes the samples at the given indices to an npz file, `<index>/<key>` per entry, for the bench's identity check.
@@ -31,16 +32,19 @@ FPS = 30
 HORIZON = 50
 
 
-def _dataset(peer: str, root: Path) -> Any:
-    delta_timestamps = {ACTION: [k / FPS for k in range(HORIZON)]}
+def _dataset(peer: str, root: Path, frames: bool) -> Any:
+    """The peer's dataset: LeRobot's samples, or with `frames` (P9) the frame as uint8 and no action window."""
+    options: dict[str, Any] = (
+        {"return_uint8": True} if frames else {"delta_timestamps": {ACTION: [k / FPS for k in range(HORIZON)]}}
+    )
     if peer == "lerobot":
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-        return LeRobotDataset(root.name, root=root, delta_timestamps=delta_timestamps, video_backend="torchcodec")
+        return LeRobotDataset(root.name, root=root, video_backend="torchcodec", **options)
     if peer == "lance":
         from lerobot_lancedb import LanceDBDataset
 
-        return LanceDBDataset(root=root, delta_timestamps=delta_timestamps)
+        return LanceDBDataset(root=root, **options)
     raise ValueError(f"unknown peer {peer!r}")
 
 
@@ -52,18 +56,17 @@ def _loader_options(peer: str) -> dict[str, Any]:
     return {}
 
 
-def measure(peer: str, root: Path, samples: int, batch: int, workers: int) -> float:
+def measure(peer: str, root: Path, frames: bool, samples: int, batch: int, workers: int) -> float:
     """Samples/s of a shuffled DataLoader over `samples` samples drawn after the first batch."""
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(
-        _dataset(peer, root), batch_size=batch, shuffle=True, num_workers=workers, **_loader_options(peer)
-    )
+    dataset = _dataset(peer, root, frames)
+    loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, **_loader_options(peer))
     iterator = iter(loader)
     next(iterator)
     seen, started = 0, time.perf_counter()
     for item in iterator:
-        seen += len(item[ACTION])
+        seen += len(item["index"])
         if seen >= samples:
             break
     elapsed = time.perf_counter() - started
@@ -71,12 +74,12 @@ def measure(peer: str, root: Path, samples: int, batch: int, workers: int) -> fl
     return seen / elapsed
 
 
-def dump_samples(peer: str, root: Path, indices: list[int], out: Path) -> None:
+def dump_samples(peer: str, root: Path, frames: bool, indices: list[int], out: Path) -> None:
     """The samples at `indices`, every value as a numpy array, `<index>/<key>` in one npz file."""
     import numpy as np
     import torch
 
-    dataset = _dataset(peer, root)
+    dataset = _dataset(peer, root, frames)
     arrays: dict[str, Any] = {}
     for index in indices:
         for key, value in dataset[index].items():
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", choices=("lerobot", "lance"))
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--frames", action="store_true", help="uint8 frames and no action window (P9)")
     parser.add_argument("--indices", default="")
     parser.add_argument("--samples", type=int, default=0)
     parser.add_argument("--batch", type=int, default=64)
@@ -114,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "convert":
         result: dict[str, Any] = convert(args.root, args.out)
     elif args.command == "samples":
-        dump_samples(args.peer, args.root, [int(i) for i in args.indices.split(",")], args.out)
+        dump_samples(args.peer, args.root, args.frames, [int(i) for i in args.indices.split(",")], args.out)
         result = {"written": str(args.out)}
     else:
-        result = {"samples_per_s": measure(args.peer, args.root, args.samples, args.batch, args.workers)}
+        result = {"samples_per_s": measure(args.peer, args.root, args.frames, args.samples, args.batch, args.workers)}
     print(json.dumps(result))
     return 0
 
