@@ -5,8 +5,10 @@ copy converted by lerobot-lancedb), each run by `bench/peers/real_loader.py` in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,15 +94,42 @@ class RealPeers:
         out.unlink()
         return found
 
-    def _run(self, arguments: list[str]) -> dict[str, Any]:
+    def _run(self, arguments: list[str], timeout_s: float = 1800.0) -> dict[str, Any]:
+        """The runner's JSON answer. It runs in a process group of its own (with its DataLoader workers and
+        Lance's forkserver), which is ended whole if the bench is interrupted or the runner hangs."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("EPISERVE_", "PYTHON", "VIRTUAL_ENV"))}
         env |= {"HF_HUB_OFFLINE": "1", "HF_LEROBOT_HOME": str(self.workdir / "lerobot-home")}
         with open(self.log, "a") as log:
             log.write(f"$ real_loader.py {' '.join(arguments)}\n")
             log.flush()
-            done = subprocess.run(
-                [str(self.python), str(RUNNER), *arguments], stdout=subprocess.PIPE, stderr=log, env=env, text=True
+            runner = subprocess.Popen(
+                [str(self.python), str(RUNNER), *arguments],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                text=True,
+                start_new_session=True,
             )
-        if done.returncode != 0:
-            raise PeerFailed(f"real_loader.py {arguments[0]} exited with {done.returncode}: see {self.log}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+            try:
+                stdout, _ = runner.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _end_group(runner)
+                raise PeerFailed(f"real_loader.py {arguments[0]} took over {timeout_s:.0f} s: see {self.log}") from None
+            except BaseException:
+                _end_group(runner)
+                raise
+        if runner.returncode != 0:
+            raise PeerFailed(f"real_loader.py {arguments[0]} exited with {runner.returncode}: see {self.log}")
+        return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _end_group(runner: subprocess.Popen[str]) -> None:
+    """SIGTERM to the runner's process group (its own session: nothing else is in it), then wait for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(runner.pid, signal.SIGTERM)
+    try:
+        runner.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait()
