@@ -9,19 +9,28 @@ loader is a DataLoader with batch 64, 2 workers and shuffle, over samples holdin
   `EPISERVE_VIDEO_CACHE_POLICY=on-demand` (frames decoded per request);
 - (b) the same against a `first-touch` server after `episerve-server warm DATASET --videos` (frames read from the
   decoded-frame segments);
+- (b') the same on the same machine with `cache_dir` (the frames read by reference from the segment files);
 - (c) the LeRobot-style per-sample path (`bench/peers/lerobot_camera.py`: one decoder open, seek and float
-  conversion per sample), torch's default collate.
+  conversion per sample), torch's default collate;
+- (d) the real peers, in their own Python 3.12 venv (`bench/peers/real_env.py`, built on first use): LeRobot
+  0.6.1's `LeRobotDataset` (torchcodec) over the same files, and Lance's `LanceDBDataset` over a copy converted
+  by lerobot-lancedb 0.3.1, each a DataLoader with the same settings, one subprocess per measurement
+  (`bench/peers/real_loader.py`); rows skipped with the reason when their environment cannot be built. A disk
+  row sets the Lance copy beside episerve's cache.
 
 The clock starts once the first batch has arrived (worker start-up excluded); the loaders run `Scale.rounds`
 times, interleaved, and the table shows medians. Before measuring, a few samples are checked to be equal, key by
-key, through both paths. The sample counts are P9's.
+key, through every path (the real peers: every key but `task` bit-identical, see `bench/figures/real_peers.py`).
+The sample counts are P9's; the real peers draw as many as episerve's loaders.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,9 +39,12 @@ from bench.camera_datasets import CameraDataset, ensure_camera_dataset
 from bench.config import CameraSize
 from bench.context import Context
 from bench.datasets import ACTION, FPS
+from bench.figures import real_peers
 from bench.figures.p3_loader import samples_per_second
 from bench.figures.p9_camera import warm_seconds
 from bench.peers.lerobot_camera import LeRobotStyleCameraSamples
+from bench.peers.real import LABELS as REAL
+from bench.peers.real import PeerFailed, RealPeers, directory_bytes
 from bench.processes import EpiserveServer
 from bench.report import Row
 from bench.timing import Figures, in_rounds, medians, ratio_spread
@@ -51,9 +63,10 @@ LABELS = {
 
 def run(ctx: Context) -> list[Row]:
     rows: list[Row] = []
+    peers = real_peers.peers(ctx)
     for size in ctx.scale.p9.cameras:
         print(f"# P10 {size.name} ...", file=sys.stderr)
-        rows += _camera(ctx, size)
+        rows += _camera(ctx, size, peers)
     ctx.notes.append(
         f"P10: samples of one camera frame (float32), a {HORIZON}-step action window with its padding mask, the "
         "state, the standard columns and `task`, as LeRobotDataset returns them; DataLoader batch 64, 2 workers, "
@@ -62,26 +75,56 @@ def run(ctx: Context) -> list[Row]:
     return rows
 
 
-def _camera(ctx: Context, size: CameraSize) -> list[Row]:
+def _camera(ctx: Context, size: CameraSize, peers: RealPeers | str) -> list[Row]:
     dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
+    case = f"{dataset.height}x{dataset.width}"
     cache = ctx.scratch(f"p10-{size.name}")
+    real: list[str] = []
     try:
         warm_seconds(ctx, dataset, cache)
+        cache_bytes = directory_bytes(cache)
         settings = {"EPISERVE_VIDEO_CACHE_POLICY": "on-demand"}
         with (
             EpiserveServer(dataset.root, cache, ctx.logs, workers=2, settings=settings) as on_demand,
             EpiserveServer(dataset.root, cache, ctx.logs, workers=2) as cached,
         ):
-            loaders = _loaders(dataset, on_demand.url, cached.url)
-            _check_same_samples(dataset, loaders)
+            loaders = _loaders(dataset, on_demand.url, cached.url, cache)
+            picked = _check_same_samples(dataset, loaders)
+            peers, real = real_peers.ready(
+                dataset, peers, partial(_check_real_samples, ctx, dataset, loaders["cache"].dataset, picked)
+            )
             samples = min(ctx.scale.p9.samples, dataset.rows - 2 * BATCH)
             peer_samples = min(ctx.scale.p9.peer_samples, samples)
-            measure = partial(_measure, loaders, samples, peer_samples)
-            rounds = in_rounds(measure, list(loaders), ctx.scale.rounds)
+            measure = partial(_measure, dataset, loaders, peers, samples, peer_samples)
+            rounds = in_rounds(measure, [*loaders, *real], ctx.scale.rounds)
     finally:
         ctx.drop_scratch(f"p10-{size.name}")
     speed = {key: medians(measured)[KEY] for key, measured in rounds.items()}
-    case = f"{dataset.height}x{dataset.width}"
+    rows = _target_rows(case, dataset, speed, rounds, samples, peer_samples)
+    if not isinstance(peers, RealPeers):
+        return [*rows, real_peers.skipped_row("P10", case, "samples/s", peers)]
+    spreads = {(o, p): ratio_spread(rounds[o], rounds[p], KEY) for o, _ in real_peers.OURS for p in real}
+    lance_bytes = directory_bytes(peers.lance_copy(dataset))
+    ctx.notes.append(real_peers.summary(case, speed))
+    return [
+        *rows,
+        *real_peers.comparison_rows(case, speed, spreads, f"{samples:,} samples each"),
+        real_peers.disk_row(case, dataset, lance_bytes, cache_bytes),
+    ]
+
+
+def _check_real_samples(ctx: Context, dataset: CameraDataset, ours: Any, picked: list[int], peers: RealPeers) -> None:
+    ctx.notes.append(f"P10 {dataset.name}: {real_peers.check_same_samples(dataset, ours, peers, picked)}.")
+
+
+def _target_rows(
+    case: str,
+    dataset: CameraDataset,
+    speed: dict[str, float],
+    rounds: dict[str, list[Figures]],
+    samples: int,
+    peer_samples: int,
+) -> list[Row]:
     targeted = (dataset.height, dataset.width) == (480, 640)
     rows = []
     for ours, label in LABELS.items():
@@ -107,15 +150,19 @@ def _camera(ctx: Context, size: CameraSize) -> list[Row]:
     return rows
 
 
-def _loaders(dataset: CameraDataset, on_demand: str, cached: str) -> dict[str, Iterable[Any]]:
+def _loaders(dataset: CameraDataset, on_demand: str, cached: str, cache: Path) -> dict[str, Iterable[Any]]:
     from torch.utils.data import DataLoader
 
     from episerve.lerobot import RemoteLeRobotDataset
 
     shuffled: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": WORKERS}
     remote = {
-        key: RemoteLeRobotDataset(url, dataset.name, delta_timestamps=DELTA_TIMESTAMPS)
-        for key, url in (("on demand", on_demand), ("cache", cached))
+        key: RemoteLeRobotDataset(url, dataset.name, delta_timestamps=DELTA_TIMESTAMPS, cache_dir=cache_dir)
+        for key, url, cache_dir in (
+            ("on demand", on_demand, None),
+            ("cache", cached, None),
+            ("in place", cached, cache),
+        )
     }
     return {
         **{key: DataLoader(ds, collate_fn=RemoteLeRobotDataset.collate, **shuffled) for key, ds in remote.items()},
@@ -123,17 +170,31 @@ def _loaders(dataset: CameraDataset, on_demand: str, cached: str) -> dict[str, I
     }
 
 
-def _measure(loaders: dict[str, Iterable[Any]], samples: int, peer_samples: int, key: str) -> Figures:
+def _measure(
+    dataset: CameraDataset,
+    loaders: dict[str, Iterable[Any]],
+    peers: RealPeers | str,
+    samples: int,
+    peer_samples: int,
+    key: str,
+) -> Figures:
+    if key in REAL:
+        assert isinstance(peers, RealPeers)
+        try:
+            return {KEY: peers.measure(key, dataset, samples, BATCH, WORKERS)}
+        except PeerFailed:
+            return {KEY: math.nan}  # the row says it failed; the log has the peer's stderr
     return {KEY: samples_per_second(loaders[key], peer_samples if key == "lerobot" else samples, BATCH)}
 
 
-def _check_same_samples(dataset: CameraDataset, loaders: dict[str, Any]) -> None:
-    """A few samples are equal, key by key, through both paths (else the figures compare different work)."""
+def _check_same_samples(dataset: CameraDataset, loaders: dict[str, Any]) -> list[int]:
+    """A few samples are equal, key by key, through every episerve path and the LeRobot-style one (else the
+    figures compare different work). Returns the indices checked."""
     import torch
 
     picked = np.random.default_rng(100).choice(dataset.rows, size=4, replace=False).tolist()
     peer = loaders["lerobot"].dataset
-    for key in LABELS:
+    for key in ("on demand", "cache", "in place"):
         ours = loaders[key].dataset
         for index in picked:
             mine, theirs = ours[index], peer[index]
@@ -143,3 +204,4 @@ def _check_same_samples(dataset: CameraDataset, loaders: dict[str, Any]) -> None
             )
             if not same:
                 raise RuntimeError(f"P10 {dataset.name}: sample {index} differs between {key} and the LeRobot path")
+    return picked

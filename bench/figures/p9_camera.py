@@ -14,18 +14,23 @@ Per camera dataset (480x640 and 224x224, see `bench/camera_datasets.py`), every 
 - (e) the ceiling: every frame decoded sequentially with PyAV and converted to RGB, in 1 and in 2 processes;
 - (f) the decoded frames in a local IPC file, memory-mapped (`bench/peers/frame_mmap.py`), the reference for (b)
   on the same machine (across machines there is no local map to compare with: over HTTP is shown for information);
+- (h) the real peers, for information: LeRobot 0.6.1's `LeRobotDataset` and Lance's `LanceDBDataset` (on a copy
+  converted by lerobot-lancedb) with `return_uint8=True` and no action window (the frame and the row's columns),
+  each in the same DataLoader settings with torch's default collate, run in their own Python 3.12 venv (see
+  `bench/figures/real_peers.py`); skipped with the reason when that venv cannot be built;
 - (g) RssAnon growth of a fresh server (summed over its processes) while one client streams every frame in
   64-frame pages: on demand, and first-touch from an empty cache (the segment is built inside the first request).
 
 The loaders' clock starts once the first batch has arrived (worker start-up excluded). Loaders and ceilings run
 `Scale.rounds` times, interleaved; the table shows medians. Before measuring, a few frames are checked to be
-equal, pixel for pixel, through every path.
+equal, pixel for pixel, through every path (the real peers' too).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 import sys
 import time
@@ -40,11 +45,14 @@ import numpy as np
 from bench.camera_datasets import CAMERA, CameraDataset, ensure_camera_dataset
 from bench.config import CameraSize
 from bench.context import Context
+from bench.figures import real_peers
 from bench.figures.p3_loader import samples_per_second
 from bench.memory import RssSampler
 from bench.peers.camera_decode import LeRobotStyleFrames, decode_ceiling
 from bench.peers.frame_mmap import MmapFrames, write_frames
 from bench.peers.mmap_loader import identity
+from bench.peers.real import LABELS as REAL
+from bench.peers.real import PeerFailed, RealPeers
 from bench.processes import EpiserveServer, _clean_env, app_dir
 from bench.report import Row
 from bench.timing import Figures, in_rounds, medians, ratio_spread
@@ -61,9 +69,10 @@ CEILINGS = {"sequential 1": 1, "sequential 2": 2}
 
 def run(ctx: Context) -> list[Row]:
     rows: list[Row] = []
+    peers = real_peers.peers(ctx)
     for size in ctx.scale.p9.cameras:
         print(f"# P9 {size.name} ...", file=sys.stderr)
-        rows += _camera(ctx, size)
+        rows += _camera(ctx, size, peers)
     ctx.notes.append(
         "P9: the 2-process decode ceiling is the one the targets use: this machine has 2 cores, which the "
         "DataLoader's 2 workers, the server's 2 workers and the main process share in the loader rows."
@@ -71,7 +80,7 @@ def run(ctx: Context) -> list[Row]:
     return rows
 
 
-def _camera(ctx: Context, size: CameraSize) -> list[Row]:
+def _camera(ctx: Context, size: CameraSize, peers: RealPeers | str) -> list[Row]:
     dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
     frames_file = write_frames(dataset, _frames_path(ctx, size))
     _describe(ctx, dataset, frames_file)
@@ -85,12 +94,15 @@ def _camera(ctx: Context, size: CameraSize) -> list[Row]:
             EpiserveServer(dataset.root, cache, ctx.logs, workers=2) as cached,
         ):
             loaders = _loaders(dataset, frames_file, on_demand.url, cached.url, cache)
-            _check_same_frames(dataset, loaders)
+            picked, reference = _check_same_frames(dataset, loaders)
+            peers, real = real_peers.ready(
+                dataset, peers, partial(real_peers.check_same_frames, dataset, reference, picked=picked)
+            )
             _touch(frames_file)
             samples = min(ctx.scale.p9.samples, dataset.rows - 2 * BATCH)
             peer_samples = min(ctx.scale.p9.peer_samples, samples)
-            measure = partial(_measure, dataset, loaders, samples, peer_samples)
-            rounds = in_rounds(measure, [*loaders, *CEILINGS], ctx.scale.rounds)
+            measure = partial(_measure, dataset, loaders, peers, samples, peer_samples)
+            rounds = in_rounds(measure, [*loaders, *CEILINGS, *real], ctx.scale.rounds)
     finally:
         ctx.drop_scratch(f"p9-{size.name}")
     speed = {key: medians(measured)[FPS_KEY] for key, measured in rounds.items()}
@@ -108,7 +120,24 @@ def _camera(ctx: Context, size: CameraSize) -> list[Row]:
             note="CLI run, process start-up included",
         ),
         *_memory_rows(case, dataset, memory),
+        *_real_rows(case, speed, rounds, samples, peers, real),
     ]
+
+
+def _real_rows(
+    case: str,
+    speed: dict[str, float],
+    rounds: dict[str, list[Figures]],
+    samples: int,
+    peers: RealPeers | str,
+    real: list[str],
+) -> list[Row]:
+    """(h): on demand and from the cache on the same machine against each real peer; or why they were skipped."""
+    if not isinstance(peers, RealPeers):
+        return [real_peers.skipped_row("P9", case, "frames/s", peers)]
+    ours = [("on demand", "EpisodeDataset on demand"), ("in place", IN_PLACE)]
+    spreads = {(o, p): ratio_spread(rounds[o], rounds[p], FPS_KEY) for o, _ in ours for p in real}
+    return real_peers.frame_rows(case, ours, speed, spreads, f"{samples:,} frames each")
 
 
 OVER_HTTP = "EpisodeDataset from the decoded-frame cache over HTTP"
@@ -200,17 +229,28 @@ def _loaders(
 
 
 def _measure(
-    dataset: CameraDataset, loaders: dict[str, Iterable[Any]], samples: int, peer_samples: int, key: str
+    dataset: CameraDataset,
+    loaders: dict[str, Iterable[Any]],
+    peers: RealPeers | str,
+    samples: int,
+    peer_samples: int,
+    key: str,
 ) -> Figures:
+    if key in REAL:
+        assert isinstance(peers, RealPeers)
+        try:
+            return {FPS_KEY: peers.measure(key, dataset, samples, BATCH, WORKERS, frames=True)}
+        except PeerFailed:
+            return {FPS_KEY: math.nan}  # the row says it failed; the log has the peer's stderr
     if key in CEILINGS:
         return {FPS_KEY: decode_ceiling(dataset, CEILINGS[key])}
     drawn = peer_samples if key == "lerobot" else samples
     return {FPS_KEY: samples_per_second(loaders[key], drawn, BATCH)}
 
 
-def _check_same_frames(dataset: CameraDataset, loaders: dict[str, Any]) -> None:
+def _check_same_frames(dataset: CameraDataset, loaders: dict[str, Any]) -> tuple[list[int], Any]:
     """A few rows' frames, read through every path, are equal pixel for pixel (else the figures compare
-    different work)."""
+    different work). Returns the rows checked and their reference frames."""
     import torch
 
     picked = np.random.default_rng(90).choice(dataset.rows, size=6, replace=False).tolist()
@@ -222,6 +262,7 @@ def _check_same_frames(dataset: CameraDataset, loaders: dict[str, Any]) -> None:
     peer = torch.stack([loaders["lerobot"].dataset[i][CAMERA] for i in picked])
     if not torch.equal(peer, reference):
         raise RuntimeError(f"P9 {dataset.name}: the LeRobot-style frames differ from the decoded-frame file")
+    return picked, reference
 
 
 def _stream_memory(ctx: Context, dataset: CameraDataset, policy: str) -> RssSampler:
