@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -241,3 +243,17 @@ def test_health_and_metrics_accept_cache_busting_query_parameters(http: httpx.Cl
     assert http.get("/healthz?_=1712345").json() == {"status": "ok"}
     assert http.get("/readyz?nocache=1").json()["status"] == "ready"
     assert "episerve_requests_total" in http.get("/metrics?t=1").text
+
+
+def test_openapi_states_the_dataset_id_form_and_non_empty_query_values(http: httpx.Client) -> None:
+    paths = http.get("/openapi.json").json()["paths"]
+    rows = paths["/datasets/{dataset_id}/rows"]["get"]["parameters"]
+    dataset_id = next(p for p in rows if p["name"] == "dataset_id")
+    pattern = re.compile(dataset_id["schema"]["pattern"])
+    assert all(pattern.match(good) for good in ["demo", "lerobot/demo-v3", "a_b.c"])
+    assert not any(pattern.match(bad) for bad in ["", "a/b/c", "../x", "/abs", ".hidden", "a b"])
+    for bad in ["a/b/c", ".hidden"]:  # what the pattern refuses, the server refuses too
+        assert http.get(f"/datasets/{bad}").status_code in (404, 422)
+    episodes = next(p for p in rows if p["name"] == "episodes")
+    assert episodes["schema"]["minLength"] == 1
+    assert_problem(http.get(f"{V3}/rows?episodes="), 422, "empty")

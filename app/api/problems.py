@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from app.errors import DatasetError, ProblemError
+from app.reads.catalog import DATASET_ID_PATTERN
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -77,10 +78,20 @@ def install_problem_schema(app: FastAPI) -> None:
                 for operation in operations.values():
                     if "422" in operation.get("responses", {}):
                         operation["responses"]["422"] = problem_responses(422)[422]
+                    _document_dataset_id(operation)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _document_dataset_id(operation: dict[str, Any]) -> None:
+    """State the form of a dataset id (one or two `/`-separated names) where an operation takes one: a fuzzer or
+    a generated client then knows what the server accepts (anything else is 404 or 422)."""
+    for parameter in operation.get("parameters", []):
+        if parameter.get("in") == "path" and parameter.get("name") == "dataset_id":
+            parameter["schema"] = {**parameter.get("schema", {}), "pattern": DATASET_ID_PATTERN}
+            parameter.setdefault("description", "Dataset id: `name` or `org/name`, as GET /datasets lists them.")
 
 
 class OrjsonResponse(JSONResponse):

@@ -71,7 +71,7 @@ def _query_parameters(model: type[SliceRequest]) -> dict[str, Any]:
     """`openapi_extra` documenting the query parameters `model.from_query` reads (its fields, one each)."""
     parameters = []
     for name, info in model.model_fields.items():
-        schema: dict[str, Any] = {"type": "string"}
+        schema: dict[str, Any] = {"type": "string", "minLength": 1}  # an empty value is 422
         if name in ("start", "stop"):
             schema = {"type": "integer", "minimum": 0}
         elif name == "tolerance_s":

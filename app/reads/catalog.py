@@ -4,9 +4,9 @@ goes through the reads layer only, so each layer imports the one below it."""
 
 from __future__ import annotations
 
-from app.store.catalog import Catalog
+from app.store.catalog import DATASET_ID_PATTERN, Catalog
 from app.store.dataset import Dataset
 from app.store.store_waits import store_deadline
 from app.store.warming import Warmer
 
-__all__ = ["Catalog", "Dataset", "Warmer", "store_deadline"]
+__all__ = ["DATASET_ID_PATTERN", "Catalog", "Dataset", "Warmer", "store_deadline"]

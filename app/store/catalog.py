@@ -28,6 +28,7 @@ from app.sources.object_store import ObjectStore, StoreOptions
 from app.store.dataset import Dataset, SharedCaches
 
 _ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+DATASET_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)?$"  # what validate_dataset_id takes
 # How far up from a root to look for the LeRobot dataset it may be inside (`data/chunk-000` is two levels down).
 _LEROBOT_DEPTH = 3
 
