@@ -68,6 +68,7 @@ class _Plan:
     seed: int
     image_size: int
     cameras: tuple[Camera, ...]
+    joints: tuple[str, ...]  # names of the state/action dimensions
     lengths: np.ndarray  # int64, one per episode
     starts: np.ndarray  # global `index` of each episode's first frame
     task_index: np.ndarray  # int64, one per episode
@@ -117,6 +118,7 @@ def write_demo_dataset(
     files: int | None = None,
     cameras: Mapping[str, tuple[int, int]] | None = DEFAULT_CAMERAS,
     video_files: int | None = None,
+    joints: int = len(JOINT_NAMES),
 ) -> Path:
     """Write a demo dataset into directory `out` (created; must be empty or absent) and return `out`.
 
@@ -125,7 +127,8 @@ def write_demo_dataset(
     `cameras` maps video feature keys to (height, width), both even, with room for the frame label's 32 cells of
     8x8 pixels (e.g. 32x64; see `app.demo_video.camera_frames`); `None` or `{}` writes no videos. v3.0 packs each
     camera's episodes into `video_files` mp4 files (default about one per 80 episodes; independent of the data
-    files); v2.1 writes one mp4 per episode and camera.
+    files); v2.1 writes one mp4 per episode and camera. `joints` is the width of the state and action vectors (a
+    robot with another arm: more joints than the six named ones are called `joint_6`, `joint_7`...).
     `meta/info.json` is written last, so its presence marks a complete dataset.
     Raises ValueError for an unknown format, episodes < 1, image_size < 1, files < 1, video_files < 1, a camera
     that cannot be encoded, or a non-empty `out`.
@@ -134,7 +137,7 @@ def write_demo_dataset(
     _validate_arguments(format, episodes, image_size, files, video_files)
     recorded_cameras = _cameras(cameras)
     _prepare_empty_dir(out)
-    plan = _make_plan(episodes, seed, image_size, recorded_cameras)
+    plan = _make_plan(episodes, seed, image_size, recorded_cameras, joints)
     if format == "v3.0":
         n_files = min(files if files is not None else math.ceil(episodes / EPISODES_PER_FILE), episodes)
         n_video_files = min(video_files or math.ceil(episodes / VIDEO_EPISODES_PER_FILE), episodes)
@@ -216,7 +219,9 @@ def _is_complete(path: Path) -> bool:
     return (path / INFO_PATH).is_file()
 
 
-def _make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera, ...]) -> _Plan:
+def _make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera, ...], joints: int) -> _Plan:
+    if joints < 1:
+        raise ValueError(f"joints must be at least 1, got {joints}")
     rng = np.random.default_rng(seed)
     lengths = rng.integers(MIN_LENGTH, MAX_LENGTH + 1, size=episodes, dtype=np.int64)
     if episodes >= 10:
@@ -230,6 +235,7 @@ def _make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera,
         seed=seed,
         image_size=image_size,
         cameras=cameras,
+        joints=tuple(JOINT_NAMES[i] if i < len(JOINT_NAMES) else f"joint_{i}" for i in range(joints)),
         lengths=lengths,
         starts=starts,
         task_index=np.array([remap[c] for c in choices], dtype=np.int64),
@@ -276,7 +282,7 @@ def _make_episode(plan: _Plan, episode: int) -> _Episode:
     length = int(plan.lengths[episode])
     frame_index = np.arange(length, dtype=np.int64)
     seconds = frame_index / FPS
-    state, action = _trajectories(rng, seconds)
+    state, action = _trajectories(rng, seconds, len(plan.joints))
     columns = {
         STATE: state,
         ACTION: action,
@@ -290,9 +296,8 @@ def _make_episode(plan: _Plan, episode: int) -> _Episode:
     return _Episode(episode, columns, pixels)
 
 
-def _trajectories(rng: np.random.Generator, seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _trajectories(rng: np.random.Generator, seconds: np.ndarray, joints: int) -> tuple[np.ndarray, np.ndarray]:
     """Smooth joint positions in degrees; the action leads the state by one frame, like a position target."""
-    joints = len(JOINT_NAMES)
     offset = rng.uniform(-30.0, 30.0, joints)
     amplitude = rng.uniform(5.0, 45.0, joints)
     frequency = rng.uniform(0.1, 0.6, joints)
@@ -333,22 +338,22 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
 # Arrow tables and schema
 
 
-def _features(image_size: int, cameras: tuple[Camera, ...]) -> dict[str, dict[str, Any]]:
+def _features(image_size: int, cameras: tuple[Camera, ...], joints: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """info.json `features`, in data-file column order; cameras (no data column) follow the image column."""
-    vector = {"dtype": "float32", "shape": [len(JOINT_NAMES)]}
+    vector = {"dtype": "float32", "shape": [len(joints)]}
     image = {"dtype": "image", "shape": [image_size, image_size, 3], "names": ["height", "width", "channels"]}
     scalar_dtypes = {"timestamp": "float32", **{name: "int64" for name in STANDARD_COLUMNS[1:]}}
     return {
-        STATE: {**vector, "names": list(JOINT_NAMES)},
-        ACTION: {**vector, "names": list(JOINT_NAMES)},
+        STATE: {**vector, "names": list(joints)},
+        ACTION: {**vector, "names": list(joints)},
         IMAGE: image,
         **{camera.key: demo_video.video_feature(camera, FPS) for camera in cameras},
         **{name: {"dtype": dtype, "shape": [1], "names": None} for name, dtype in scalar_dtypes.items()},
     }
 
 
-def _data_schema() -> pa.Schema:
-    vector = pa.list_(pa.float32(), len(JOINT_NAMES))
+def _data_schema(joints: int) -> pa.Schema:
+    vector = pa.list_(pa.float32(), joints)
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     fields = [
         pa.field(STATE, vector),
@@ -357,16 +362,16 @@ def _data_schema() -> pa.Schema:
         pa.field("timestamp", pa.float32()),
         *(pa.field(name, pa.int64()) for name in STANDARD_COLUMNS[1:]),
     ]
-    return pa.schema(fields, metadata={"huggingface": json.dumps(_huggingface_features())})
+    return pa.schema(fields, metadata={"huggingface": json.dumps(_huggingface_features(joints))})
 
 
-def _huggingface_features() -> dict[str, Any]:
+def _huggingface_features(joints: int) -> dict[str, Any]:
     """The HF `datasets` Features JSON that LeRobot data files carry as schema metadata."""
 
     def value(dtype: str) -> dict[str, str]:
         return {"dtype": dtype, "_type": "Value"}
 
-    vector = {"feature": value("float32"), "length": len(JOINT_NAMES), "_type": "Sequence"}
+    vector = {"feature": value("float32"), "length": joints, "_type": "Sequence"}
     return {
         "info": {
             "features": {
@@ -479,7 +484,7 @@ def _stats_json(stats: dict[str, Stats]) -> dict[str, dict[str, Any]]:
 
 
 def _write_v30(out: Path, plan: _Plan, n_files: int, n_video_files: int) -> None:
-    schema = _data_schema()
+    schema = _data_schema(len(plan.joints))
     aggregate = _StatsAggregate()
     episode_rows: list[dict[str, Any]] = []
     writer: pq.ParquetWriter | None = None
@@ -582,7 +587,7 @@ def _tasks_table(plan: _Plan) -> pa.Table:
 
 
 def _write_v21(out: Path, plan: _Plan) -> None:
-    schema = _data_schema()
+    schema = _data_schema(len(plan.joints))
     meta = out / "meta"
     meta.mkdir(parents=True, exist_ok=True)
     with (
@@ -632,7 +637,7 @@ def _info(plan: _Plan, format: str) -> dict[str, Any]:
         "splits": {"train": f"0:{plan.episodes}"},
         "data_path": data_path,
         "video_path": video_path if plan.cameras else None,
-        "features": _features(plan.image_size, plan.cameras),
+        "features": _features(plan.image_size, plan.cameras, plan.joints),
     }
 
 
