@@ -45,6 +45,7 @@ class Component:
         weight = self.weight
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight <= 0:
             raise ValueError(f"the weight of component {self.dataset!r} must be a positive number, got {weight!r}")
+        object.__setattr__(self, "weight", int(weight) if float(weight).is_integer() else float(weight))  # 2 == 2.0
         object.__setattr__(self, "episodes", episode_spec(self.episodes))
         features = dict(self.features)
         for source, target in features.items():
