@@ -28,7 +28,7 @@ from app.sources.video import check_tolerance
 from app.store.dataset import Dataset
 from app.store.segments import Segment
 
-METADATA_KEY = b"episerve.frames"  # the client's `episerve._local_frames.METADATA_KEY`: keep them in sync
+METADATA_KEY = b"episerve.frames"  # names the description of a column of references in its field metadata
 REFERENCE_TYPE = pa.struct([pa.field("segment", pa.int32(), nullable=False), pa.field("row", pa.int64(), False)])
 
 

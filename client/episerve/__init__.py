@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from episerve._batch import Batch, collate
 from episerve._client import Client, __version__
+from episerve._collate import Batch, collate
 from episerve._errors import (
     ConnectionFailed,
     EpiserveError,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -32,8 +31,8 @@ from episerve._transport import (
     Transport,
     TransportError,
     UnsupportedURL,
-    transport_for,
 )
+from episerve._transport_choice import transport_for
 
 __version__ = "0.1.0"
 
@@ -42,7 +41,6 @@ DEFAULT_TIMEOUT = 60.0
 _PAGE_ROWS = 1_000_000  # the server's default `max_rows_per_response`
 _TAKE_INDICES = 100_000  # the server's default `max_take_indices`
 _MAX_SPEC_IN_URL = 4000  # longer episode specs travel in a POST /rows body instead of the query string
-_LIMIT_IN_DETAIL = re.compile(r"limit is (\d+)")
 _USER_AGENT = f"episerve-client/{__version__}"
 
 log = logging.getLogger("episerve")
@@ -429,13 +427,11 @@ def _unreachable(url: str, method: str, path: str, budget: RetryBudget, reason: 
 
 
 def _smaller_limit(error: TooLarge, asked: int) -> int:
-    """A page size under the limit the server stated (problem field `limit`, else its detail), else half of
-    `asked`; re-raises when no smaller page can help (the 413 was about something else)."""
+    """A page size under the limit the server stated (the problem's `limit` field), else half of `asked` (a 413
+    from a proxy in front of the server states none); re-raises when no smaller page can help (the 413 was about
+    something else)."""
     stated = error.body.get("limit")
-    if not isinstance(stated, int):
-        match = _LIMIT_IN_DETAIL.search(error.detail)
-        stated = int(match.group(1)) if match else None
-    limit = asked // 2 if stated is None else stated
+    limit = stated if isinstance(stated, int) and not isinstance(stated, bool) else asked // 2
     if not 0 < limit < asked:
         raise error
     return limit

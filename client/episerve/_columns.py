@@ -22,6 +22,7 @@ from episerve._numpy import booleans, fixed_width, nulls, offsets
 Column = np.ndarray | DeferredBlobs
 Columns = dict[str, Column]
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]  # like `np.empty(shape, dtype)`
+Frames = Callable[[list[np.ndarray]], Any]  # a camera column from its record batches' channels-last frames
 
 
 class _Owner:
@@ -45,7 +46,7 @@ def table_columns(
     defer_blobs: bool = False,
     empty: Allocate = np.empty,
     order: np.ndarray | None = None,
-    frames: Callable[[list[np.ndarray]], Any] | None = None,
+    frames: Frames | None = None,
 ) -> Columns:
     """Each column of `table` as one array whose first axis is the row (object arrays for Python values).
 
@@ -55,7 +56,7 @@ def table_columns(
     allocates (where the output wants it: shared memory in a DataLoader worker). With `order` (a permutation of
     the rows), rows come in that order; camera frames are put in it by the same copy that makes them
     channels-first. `frames`, if given, makes a camera column from its record batches' channels-last views
-    instead (a caller that converts them anyway, with no `order`).
+    instead (an output that converts the frames anyway, with no `order`).
     """
     owner = _Owner(buffers) if buffers else None
     columns: Columns = {}

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from episerve._batch import Batch
 from episerve._client import Client, connect
+from episerve._collate import Batch
 from episerve._columns import table_columns
 from episerve._episodes import Episodes
-from episerve._outputs import Output, allocator, resolve_output, to_output
+from episerve._outputs import Formatter, Output, formatter
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps, Selection
 
@@ -54,7 +54,7 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         *,
         tolerance_s: float | None = None,
         decode_images: bool = False,
-        output: Output | None = None,
+        output: Output | Formatter | None = None,
         token: str | None = None,
         retries: Retries | int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -63,7 +63,7 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
         self.transform = transform
         self.decode_images = decode_images
-        self.output = resolve_output(output)
+        self.output = formatter(output)
         self._length = self.client.count(self.selection)
 
     def __len__(self) -> int:
@@ -84,9 +84,8 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
             return batch
         return [self.transform(sample) for sample in batch]
 
-    def _fetch(self, indices: Sequence[int], frames: Callable[[list[np.ndarray]], Any] | None = None) -> Batch:
-        """The rows at `indices` as a batch; `frames` makes the camera columns from their channels-last parts
-        (see `table_columns`)."""
+    def _fetch(self, indices: Sequence[int]) -> Batch:
+        """The rows at `indices` as a batch, in the output's form."""
         positions = np.asarray(indices, dtype=np.int64).reshape(-1)
         positions = np.where(positions < 0, positions + self._length, positions)
         if len(positions) and (positions.min() < 0 or positions.max() >= self._length):
@@ -97,7 +96,7 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
             pages.table,
             buffers=pages.buffers,
             decode_images=self.decode_images,
-            empty=allocator(self.output),
-            frames=frames,
+            empty=self.output.empty,
+            frames=self.output.frames,
         )
-        return Batch(to_output(columns, self.output), len(positions))
+        return Batch(self.output.format(columns), len(positions))

@@ -1,13 +1,19 @@
-"""Episode selections as the server's spec grammar: comma-separated ids and inclusive ranges, e.g. `0,3-5,9`."""
+"""Episode selections as the server's spec grammar: comma-separated ids and inclusive ranges, e.g. `0,3-5,9`.
+
+The one place the client writes (`episode_spec`) and reads (`episode_count`) that grammar.
+"""
 
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Iterable
 
 import numpy as np
 
 Episodes = str | int | Iterable[int] | None
+
+_TERM = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")  # one id, or an inclusive range `first-last`
 
 
 def episode_spec(episodes: Episodes) -> str | None:
@@ -25,8 +31,33 @@ def episode_spec(episodes: Episodes) -> str | None:
     if len(ids) == 0:
         raise ValueError("episodes is empty; pass None for every episode")
     breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-    runs = np.split(ids, breaks)
-    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    return _format([(int(run[0]), int(run[-1])) for run in np.split(ids, breaks)])
+
+
+def episode_count(spec: str) -> int:
+    """How many episode ids the spec string names (each once, however often it is named), without listing them."""
+    count, reached = 0, -1  # ids up to `reached` are counted
+    for first, last in sorted(_ranges(spec)):
+        if last > reached:
+            count += last - max(first, reached + 1) + 1
+            reached = last
+    return count
+
+
+def _ranges(spec: str) -> list[tuple[int, int]]:
+    """The inclusive ranges of a spec string, as named (the server has checked the spec: ValueError if invalid)."""
+    ranges = []
+    for term in spec.split(","):
+        match = _TERM.fullmatch(term)
+        if match is None:
+            raise ValueError(f"invalid term {term.strip()!r} in episodes spec {spec!r}")
+        first = int(match.group(1))
+        ranges.append((first, int(match.group(2) or first)))
+    return ranges
+
+
+def _format(ranges: list[tuple[int, int]]) -> str:
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
 
 
 def _episode_id(value: object) -> int:

@@ -20,7 +20,7 @@ from episerve._client import Client, connect
 from episerve._columns import Column, Columns, table_columns
 from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
-from episerve._outputs import Output, allocator, resolve_output, to_output
+from episerve._outputs import Output, formatter
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps, Selection
 from episerve._sharding import EpochPlan, delivered_per_worker
@@ -93,7 +93,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         self.prefetch = prefetch
         self.decode_images = decode_images
         self.transform = transform
-        self.output = resolve_output(output)
+        self.output = formatter(output)
         self.total_rows = self.client.count(self.selection)
         self._epoch = 0
         self._resume: tuple[int, int] | None = None
@@ -198,7 +198,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
             buffers=pages.buffers,
             decode_images=self.decode_images,
             defer_blobs=True,
-            empty=allocator(self.output) if self._batches_share_chunks() else np.empty,
+            empty=self.output.empty if self._batches_share_chunks() else np.empty,
             order=order,
         )
         if skip:
@@ -249,7 +249,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
 
     def _samples(self, chunks: Iterator[Columns]) -> Iterator[tuple[int, dict[str, Any]]]:
         for columns in chunks:
-            data = to_output(columns, self.output)
+            data = self.output.format(columns)
             names = list(data)
             # Split each column into per-row views once (torch's unbind is one C call), then zip rows together.
             for values in zip(*(_rows(data[name]) for name in names), strict=True):
@@ -265,10 +265,10 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
             while held >= size:
                 batch, pending = _split(pending, size)
                 held -= size
-                yield size, to_output(batch, self.output)
+                yield size, self.output.format(batch)
         if held:
             batch, _ = _split(pending, held)
-            yield held, to_output(batch, self.output)
+            yield held, self.output.format(batch)
 
 
 def _rows(values: Any) -> Sequence[Any]:

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from episerve._numpy import fixed_width
 
-METADATA_KEY = b"episerve.frames"  # the server's `app.reads.frame_references.METADATA_KEY`: keep them in sync
+METADATA_KEY = b"episerve.frames"  # names the description of a column of references in its field metadata
 _FRAME = "frame"  # the pixels column of a decoded-frame segment
 _OPEN_FILES = 16  # segment files kept mapped per client and process
 _MISSES_BEFORE_PAUSING = 3  # takes in a row whose references could not be read...

@@ -15,9 +15,11 @@ def available() -> bool:
     return True
 
 
-empty = np.empty  # where a batch's large copies go: plain numpy arrays
-
-
-def convert(columns: Columns) -> dict[str, Any]:
+class NumpyFormatter:
     """Numeric arrays as they are; object arrays (strings, bytes, lists, images of mixed shapes) as lists."""
-    return {name: values.tolist() if values.dtype == object else values for name, values in columns.items()}
+
+    frames = None  # camera frames copied channels-first into plain numpy arrays
+    empty = staticmethod(np.empty)
+
+    def format(self, columns: Columns) -> dict[str, Any]:
+        return {name: values.tolist() if values.dtype == object else values for name, values in columns.items()}

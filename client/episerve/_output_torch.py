@@ -37,40 +37,43 @@ class SharedArray(np.ndarray):
         self.shared = getattr(obj, "shared", None)
 
 
-def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """Where a batch's large copies go (camera frames made channels-first, see `table_columns(empty=...)`).
+class TorchFormatter:
+    """Numeric arrays as tensors, in a `TensorBatch`; object arrays as lists."""
 
-    In a DataLoader worker, a torch tensor in shared memory seen as a numpy array while it is filled: the batch
-    then crosses to the main process as it is, instead of being copied into a shared block once more when pickled
-    (a 64-frame 480x640 batch is 59 MB). Elsewhere, and for arrays small enough to travel inside the pickle, a
-    plain numpy array.
-    """
-    from torch.utils.data import get_worker_info
+    frames = None  # camera frames copied channels-first into `empty`
 
-    if get_worker_info() is None or int(np.prod(shape)) * dtype.itemsize <= INLINE_BLOCK_BYTES:
-        return np.empty(shape, dtype)
-    torch = torch_module()
-    tensor = shared_empty(torch, shape, _torch_dtype(torch, dtype))
-    array = tensor.numpy().view(SharedArray)
-    array.shared = tensor
-    return array
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Where a batch's large copies go (camera frames made channels-first, see `table_columns(empty=...)`).
 
+        In a DataLoader worker, a torch tensor in shared memory seen as a numpy array while it is filled: the batch
+        then crosses to the main process as it is, instead of being copied into a shared block once more when
+        pickled (a 64-frame 480x640 batch is 59 MB). Elsewhere, and for arrays small enough to travel inside the
+        pickle, a plain numpy array.
+        """
+        from torch.utils.data import get_worker_info
 
-def convert(columns: Columns) -> TensorBatch:
-    """Numeric arrays as tensors (no copy when the array is writable; views of the shared tensor for arrays from
-    `empty`); object arrays as lists, with numeric arrays inside them (variable-length lists) as tensors too."""
-    torch = torch_module()
-    result = TensorBatch()
-    for name, values in columns.items():
-        if isinstance(values, torch.Tensor):  # made by a `table_columns(frames=...)` hook
-            result[name] = values
-        elif isinstance(values, SharedArray) and (shared := _shared_view(torch, values)) is not None:
-            result[name] = shared
-        elif values.dtype == object:
-            result[name] = [_maybe_tensor(torch, item) for item in values.tolist()]
-        else:
-            result[name] = _tensor(torch, values)
-    return result
+        if get_worker_info() is None or int(np.prod(shape)) * dtype.itemsize <= INLINE_BLOCK_BYTES:
+            return np.empty(shape, dtype)
+        torch = torch_module()
+        tensor = shared_empty(torch, shape, _torch_dtype(torch, dtype))
+        array = tensor.numpy().view(SharedArray)
+        array.shared = tensor
+        return array
+
+    def format(self, columns: Columns) -> TensorBatch:
+        """Numeric arrays as tensors (no copy when the array is writable; views of the shared tensor for arrays
+        from `empty`); object arrays as lists, with numeric arrays inside them (variable-length lists) as tensors
+        too."""
+        torch = torch_module()
+        result = TensorBatch()
+        for name, values in columns.items():
+            if isinstance(values, SharedArray) and (shared := _shared_view(torch, values)) is not None:
+                result[name] = shared
+            elif values.dtype == object:
+                result[name] = [_maybe_tensor(torch, item) for item in values.tolist()]
+            else:
+                result[name] = _tensor(torch, values)
+        return result
 
 
 def _shared_view(torch: Any, values: SharedArray) -> Any | None:

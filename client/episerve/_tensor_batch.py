@@ -1,4 +1,4 @@
-"""Batches that cross process boundaries as one block of memory rather than one per tensor.
+"""Batch dicts that cross process boundaries as one block of memory rather than one per tensor (`TensorBatch`).
 
 A DataLoader worker sends each batch to the main process through torch's multiprocessing pickler, which moves
 every tensor's storage to shared memory and passes its file descriptor over a fresh connection with an

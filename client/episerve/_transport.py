@@ -1,9 +1,8 @@
 """The one seam between the client and the network: `Transport.handle_request(Request) -> Response`.
 
 Every request the client makes, JSON or Arrow, goes through `handle_request` of the transport chosen for its URL
-(`transport_for`): the keep-alive socket transport for plain `http://` servers, httpx for `https://` and for
-servers reached through a proxy. A transport returns the whole response, body included, or raises a
-`TransportError`; the client's retry loop knows nothing else about transports.
+(`_transport_choice`). A transport returns the whole response, body included, or raises a `TransportError`; the
+client's retry loop knows nothing else about transports. This module names no concrete transport.
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import urlsplit
-from urllib.request import getproxies, proxy_bypass
 
 import pyarrow as pa
 
@@ -86,23 +83,3 @@ class ProtocolError(TransportError):
 
 class UnsupportedURL(Exception):
     """The URL's scheme is not http or https: retrying cannot help."""
-
-
-def transport_for(url: str, timeouts: Timeouts) -> Transport:
-    """The transport for `url`: raw keep-alive sockets for `http://` without a proxy, httpx otherwise."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UnsupportedURL(f"cannot reach {url!r}: the URL must start with http:// or https:// and name a host")
-    if parts.scheme == "http" and not _proxied(parts.hostname):
-        from episerve._socket_transport import SocketTransport
-
-        return SocketTransport(parts.hostname, parts.port or 80, timeouts)
-    from episerve._httpx_transport import HttpxTransport
-
-    return HttpxTransport(url, timeouts)
-
-
-def _proxied(host: str) -> bool:
-    """Whether requests to `host` must go through a proxy named in the environment."""
-    proxies = getproxies()
-    return bool(proxies.get("http") or proxies.get("all")) and not proxy_bypass(host)

@@ -24,14 +24,13 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-from torch.utils.data import get_worker_info
-
-from episerve._batch import Batch, collate
 from episerve._client import Client, connect
+from episerve._collate import collate
 from episerve._dataset import EpisodeDataset
+from episerve._episodes import episode_count
+from episerve._output_lerobot import LeRobotFormatter
+from episerve._outputs import formatter
 from episerve._retry import Retries
-from episerve._tensor_batch import TensorBatch, shared_empty
 
 __all__ = ["RemoteLeRobotDataset", "RemoteLeRobotDatasetMetadata", "collate"]
 
@@ -105,6 +104,8 @@ class RemoteLeRobotDataset(EpisodeDataset):
     The sample order is LeRobot's: ascending episode order, then frame order, whatever order `episodes` lists.
     """
 
+    output: LeRobotFormatter  # turns each batch's columns into LeRobot's samples
+
     def __init__(
         self,
         url: str | Client,
@@ -126,7 +127,6 @@ class RemoteLeRobotDataset(EpisodeDataset):
         self.repo_id = repo_id
         self.meta = RemoteLeRobotDatasetMetadata(client, repo_id)
         self.episodes = list(episodes) if episodes is not None and not isinstance(episodes, str) else episodes
-        self.image_transforms = image_transforms
         self.tolerance_s = tolerance_s
         self.delta_timestamps = (
             {k: [float(d) for d in v] for k, v in delta_timestamps.items()} if delta_timestamps else None
@@ -146,7 +146,15 @@ class RemoteLeRobotDataset(EpisodeDataset):
             delta_timestamps=self.delta_timestamps,
             tolerance_s=tolerance_s,
             decode_images=bool(self.meta.image_keys),
-            output="numpy",
+            output=formatter(
+                "lerobot",
+                video_keys=self.meta.video_keys,
+                image_keys=self.meta.image_keys,
+                stored=self._stored,
+                windows=self.delta_timestamps,
+                tasks=self.meta.tasks,
+                image_transforms=image_transforms,
+            ),
         )
 
     # --- LeRobotDataset's attributes ----------------------------------------------------------------------------
@@ -172,8 +180,17 @@ class RemoteLeRobotDataset(EpisodeDataset):
         if self.episodes is None:
             return self.meta.total_episodes
         if isinstance(self.episodes, str):
-            return len(_expand_spec(self.episodes))
+            return episode_count(self.episodes)
         return len(self.episodes)
+
+    @property
+    def image_transforms(self) -> Callable[[Any], Any] | None:
+        """Applied to each sample's camera tensors (by the LeRobot output, which holds it)."""
+        return self.output.image_transforms
+
+    @image_transforms.setter
+    def image_transforms(self, transforms: Callable[[Any], Any] | None) -> None:
+        self.output.image_transforms = transforms
 
     collate = staticmethod(collate)
 
@@ -182,87 +199,6 @@ class RemoteLeRobotDataset(EpisodeDataset):
             f"RemoteLeRobotDataset({self.client.url!r}, {self.repo_id!r}, episodes={self.num_episodes}, "
             f"frames={self.num_frames}, cameras={self.camera_keys})"
         )
-
-    # --- samples --------------------------------------------------------------------------------------------------
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.__getitems__([index])[0]
-
-    def __getitems__(self, indices: Sequence[int]) -> Batch:
-        """The samples at `indices` in one request: a `Batch` (the batch dict of `(len(indices), ...)` tensors,
-        also the sequence of the samples)."""
-        columns = self._fetch(indices, frames=self._video_frames).data
-        batch = TensorBatch()
-        for key in self.meta.video_keys:
-            batch[key] = self._camera(key, columns[key])
-        for key in self._stored:
-            batch[key] = self._camera(key, columns[key]) if key in self.meta.image_keys else _tensor(columns[key])
-        for key in self.delta_timestamps or ():
-            batch[f"{key}_is_pad"] = _tensor(columns[f"{key}_is_pad"])
-        if "task_index" in columns and self.meta.tasks:
-            batch["task"] = [self.meta.tasks[int(i)] for i in np.asarray(columns["task_index"]).reshape(-1)]
-        return Batch(batch, len(indices))
-
-    def _video_frames(self, parts: list[np.ndarray]) -> Any:
-        """Video frames, uint8 (rows, [T,] H, W, C) record batch by record batch as served, as one float32
-        (rows, [T,] C, H, W) tensor in [0, 1]: each part made channels-first while it is converted (one pass, no
-        uint8 copy or concatenation)."""
-        pixels = [torch.from_numpy(p if p.flags.writeable else p.copy()).movedim(-1, -3) for p in parts]
-        return _unit_float(pixels, shared=self._floats_shared())
-
-    def _floats_shared(self) -> bool:
-        """Whether float frames go to shared memory: in a DataLoader worker, unless transforms replace them."""
-        return self.image_transforms is None and get_worker_info() is not None
-
-    def _camera(self, key: str, values: Any) -> Any:
-        """Frames (video frames already float, see `_video_frames`; images uint8 channels-first) as LeRobot's
-        float32 (C, H, W) in [0, 1], each sample through `image_transforms`."""
-        if isinstance(values, list):  # images of different shapes: one tensor per sample
-            return [self._transform(_unit_float([torch.from_numpy(np.asarray(v))])) for v in values]
-        frames = values if isinstance(values, torch.Tensor) else torch.from_numpy(values)
-        if key in self.meta.video_keys and self.delta_timestamps and len(self.delta_timestamps.get(key, ())) == 1:
-            frames = frames[:, 0]  # LeRobot squeezes a one-frame video window to the frame itself
-        if frames.dtype == torch.uint8:
-            frames = _unit_float([frames], shared=self._floats_shared())
-        if self.image_transforms is None:
-            return frames
-        return torch.stack([self._transform(frame) for frame in frames]) if len(frames) else frames
-
-    def _transform(self, frame: Any) -> Any:
-        return frame if self.image_transforms is None else self.image_transforms(frame)
-
-
-def _unit_float(parts: Sequence[Any], shared: bool = False) -> Any:
-    """Tensors `parts`, joined along their first axis, as float32; uint8 ones as float32(x) / 255 computed in
-    float32, as LeRobot's decoders and `ToTensor` compute it.
-
-    Converting into a float tensor and dividing in place is ~10x faster than dividing the uint8 tensor (a
-    mixed-dtype op that casts element by element). In a DataLoader worker (`shared`) the float tensor is allocated
-    in shared memory, where the batch crosses to the main process without another copy.
-    """
-    if parts[0].dtype != torch.uint8:
-        return (parts[0] if len(parts) == 1 else torch.cat(list(parts))).to(torch.float32)
-    shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
-    frames = shared_empty(torch, shape, torch.float32) if shared else torch.empty(shape, dtype=torch.float32)
-    position = 0
-    for part in parts:
-        frames[position : position + len(part)].copy_(part)
-        position += len(part)
-    return frames.div_(255)
-
-
-def _tensor(values: Any) -> Any:
-    """A column in LeRobot's dtypes: floats float32, integers int64, bool as is; strings stay lists."""
-    if isinstance(values, list):
-        return [_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v for v in values]
-    if not values.flags.writeable:
-        values = values.copy()
-    tensor = torch.from_numpy(values)
-    if tensor.dtype == torch.bool:
-        return tensor
-    if tensor.is_floating_point():
-        return tensor.to(torch.float32)
-    return tensor.to(torch.int64)
 
 
 def _served_features(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -290,14 +226,6 @@ def _delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float |
     if delta_timestamps is None or not fps:
         return None
     return {key: [round(d * fps) for d in deltas] for key, deltas in delta_timestamps.items()}
-
-
-def _expand_spec(spec: str) -> set[int]:
-    ids: set[int] = set()
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        first, _, last = part.partition("-")
-        ids.update(range(int(first), int(last or first) + 1))
-    return ids
 
 
 def _require_pillow() -> None:

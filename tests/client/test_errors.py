@@ -130,3 +130,19 @@ def test_persistent_503_gives_up_after_the_attempts(busy_server: tuple[str, type
     with pytest.raises(episerve.Unavailable):
         client.datasets()
     assert len(handler.seen) == 3
+
+
+def test_a_page_shrinks_to_the_limit_field_of_a_413() -> None:
+    from episerve._client import _smaller_limit
+
+    stated = episerve.TooLarge(413, "Request too large", "too many rows", body={"limit": 7})
+    assert _smaller_limit(stated, 100) == 7
+
+
+def test_a_413_without_a_limit_field_halves_the_page_whatever_its_detail_says() -> None:
+    from episerve._client import _smaller_limit
+
+    unstated = episerve.TooLarge(413, "Request Entity Too Large", "the limit is 7 rows")  # a proxy's, say
+    assert _smaller_limit(unstated, 100) == 50
+    with pytest.raises(episerve.TooLarge):
+        _smaller_limit(unstated, 1)

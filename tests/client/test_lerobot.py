@@ -202,6 +202,45 @@ def test_image_transforms_apply_to_every_camera_key(video_root: Path, camera_ser
     assert torch.equal(ds[0]["action"], plain[0]["action"])
 
 
+def test_image_transforms_set_after_construction_apply_too(camera_server: ServerProcess) -> None:
+    constructed = RemoteLeRobotDataset(camera_server.url, "cams-v3", episodes=[1], image_transforms=halve_and_flip)
+    ds = RemoteLeRobotDataset(camera_server.url, "cams-v3", episodes=[1])
+    ds.image_transforms = halve_and_flip
+    assert ds.image_transforms is halve_and_flip
+    assert torch.equal(ds[2][TOP_CAMERA], constructed[2][TOP_CAMERA])
+
+
+def test_lerobot_samples_are_an_output_of_the_registry() -> None:
+    from episerve._columns import table_columns
+    from episerve._outputs import formatter
+
+    output = formatter(
+        "lerobot",
+        video_keys=["cam"],
+        image_keys=[],
+        stored=["action", "task_index"],
+        windows={"cam": [0.0]},
+        tasks={1: "stack"},
+    )
+    frames = np.arange(2 * 1 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 1, 4, 5, 3)
+    table = pa.table(
+        {
+            "cam": pa.FixedShapeTensorArray.from_numpy_ndarray(frames),
+            "action": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.float64)), 6),
+            "task_index": pa.array([1, 1], pa.int32()),
+            "cam_is_pad": pa.array([[False], [True]], pa.list_(pa.bool_(), 1)),
+        }
+    )
+    batch = output.format(table_columns(table, empty=output.empty, frames=output.frames))
+    assert list(batch) == ["cam", "action", "task_index", "cam_is_pad", "task"]
+    assert batch["cam"].dtype == torch.float32 and batch["cam"].shape == (2, 3, 4, 5)  # one-frame window squeezed
+    assert torch.equal(batch["cam"][1, 2], torch.from_numpy(frames[1, 0, :, :, 2]).float() / 255)
+    assert batch["action"].dtype == torch.float32 and batch["action"].shape == (2, 6)
+    assert batch["task_index"].dtype == torch.int64
+    assert batch["cam_is_pad"].tolist() == [[False], [True]]
+    assert batch["task"] == ["stack", "stack"]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Batches through DataLoader workers
 

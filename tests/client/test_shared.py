@@ -156,14 +156,14 @@ def test_dataloader_hands_large_batches_over_in_shared_memory_intact() -> None:
 
 
 def test_large_slices_of_a_shared_array_become_views_of_its_shared_tensor_and_copies_do_not() -> None:
-    from episerve._output_torch import SharedArray, convert
+    from episerve._output_torch import SharedArray, TorchFormatter
 
     tensor = shared_empty(torch, (8, 3, 4, 5), torch.uint8)
     frames = tensor.numpy().view(SharedArray)
     frames.shared = tensor
     frames[...] = np.arange(frames.size, dtype=np.uint64).reshape(frames.shape) % 251
     joined = np.concatenate([frames[:2], frames[6:]])
-    batch = convert({"view": frames[2:6], "joined": joined, "small": frames[7:], "index": np.arange(4)})
+    batch = TorchFormatter().format({"view": frames[2:6], "joined": joined, "small": frames[7:], "index": np.arange(4)})
     assert batch["view"].is_shared() and batch["view"].untyped_storage().data_ptr() == tensor.data_ptr()
     assert not batch["joined"].is_shared()
     assert not batch["small"].is_shared()  # under half of the allocation: copied, not the whole of it sent along

@@ -3,7 +3,8 @@
 `EpisodeDataset.__getitems__` answers a DataLoader batch with one request and returns a `Batch`: the batch dict of
 `(batch, ...)` tensors that also behaves as the sequence of its samples (built only if someone indexes it). torch's
 map-style fetcher hands that to `collate_fn`: `collate` returns the dict as is, while torch's `default_collate`
-still works (slower: it splits the batch into samples and stacks them again).
+still works (slower: it splits the batch into samples and stacks them again). How a batch dict crosses from a
+DataLoader worker to the main process is `_tensor_batch`'s.
 """
 
 from __future__ import annotations
