@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from episerve._batch import Batch
 from episerve._client import Client, connect
+from episerve._collate import Batch
 from episerve._global_steps import GlobalSteps, check_state, resume_state
 from episerve._mixture import Mixture
 from episerve._mixture_reads import MixtureReader
 from episerve._mixture_schema import ResolvedMixture, resolve
 from episerve._mixture_stats import Stats, component_stats, merge_stats
-from episerve._outputs import Output, allocator, resolve_output, to_output
+from episerve._outputs import Formatter, Output, formatter
 from episerve._plan import MixturePlan, quotas
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps
@@ -45,7 +45,7 @@ class MixtureSource:
         delta_timestamps: DeltaTimestamps | None,
         tolerance_s: float | None,
         decode_images: bool,
-        output: Output | None,
+        output: Output | Formatter | None,
         seed: int,
         epoch_size: int | None,
     ) -> None:
@@ -55,8 +55,8 @@ class MixtureSource:
         sizes = self.resolved.sizes
         self.plan = MixturePlan(quotas(mixture.weights), sizes, seed, sum(sizes) if epoch_size is None else epoch_size)
         self.plan.locate(0, [0] if self.plan.epoch_size else [])  # computes the period once, before any fork
-        self.output = resolve_output(output)
-        self.reader = MixtureReader(client, self.resolved, decode_images, allocator(self.output))
+        self.output = formatter(output)
+        self.reader = MixtureReader(client, self.resolved, decode_images, self.output.empty)
 
     @property
     def version(self) -> str:
@@ -71,7 +71,7 @@ class MixtureSource:
         for epoch in np.unique(epochs).tolist():
             mine = epochs == epoch
             components[mine], rows[mine] = self.plan.locate(epoch, positions[mine])
-        return to_output(self.reader.read(components, rows), self.output)
+        return self.output.format(self.reader.read(components, rows))
 
     def stats(self) -> Stats:
         return merge_stats(component_stats(self.client, self.mixture.components))
@@ -102,7 +102,7 @@ class MixtureDataset(_Base):  # type: ignore[misc]
         *,
         tolerance_s: float | None = None,
         decode_images: bool = False,
-        output: Output | None = None,
+        output: Output | Formatter | None = None,
         token: str | None = None,
         retries: Retries | int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,

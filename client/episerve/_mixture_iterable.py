@@ -14,7 +14,7 @@ from episerve._iterable import _rank_and_world, _worker_info
 from episerve._mixture import Mixture
 from episerve._mixture_dataset import MixtureSource
 from episerve._mixture_stats import Stats
-from episerve._outputs import Output
+from episerve._outputs import Formatter, Output
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps
 
@@ -54,7 +54,7 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         tolerance_s: float | None = None,
         decode_images: bool = False,
         transform: Callable[[dict[str, Any]], Any] | None = None,
-        output: Output | None = None,
+        output: Output | Formatter | None = None,
         token: str | None = None,
         retries: Retries | int | None = None,
     ) -> None:
