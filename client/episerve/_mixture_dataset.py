@@ -23,6 +23,7 @@ from episerve._mixture_schema import ResolvedMixture, resolve
 from episerve._mixture_stats import Stats, component_stats, merge_stats
 from episerve._outputs import Formatter, Output, formatter
 from episerve._plan import MixturePlan, quotas
+from episerve._ranks import rank_and_world
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps
 
@@ -182,13 +183,11 @@ class MixtureSampler(_SamplerBase):  # type: ignore[misc]
         *,
         drop_last: bool = False,
     ) -> None:
-        from episerve._iterable import _rank_and_world
-
         self.epoch_size = len(dataset)
         self.version = dataset.version
         self.seed = dataset.plan.seed
         self.batch_size = batch_size
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         self.drop_last = drop_last
         self.epoch = 0
         self.start = 0
@@ -219,3 +218,11 @@ class MixtureSampler(_SamplerBase):  # type: ignore[misc]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.start = check_state(state, self.version, self.seed, self.epoch_size)
+
+
+def mixture_dataset(url: Any, mixture: Mixture, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MixtureDataset:
+    """`EpisodeDataset(url, mixture, ...)`: the same arguments, for a mixture (episodes belong to its components)."""
+    episodes, *rest = args or (None,)
+    if episodes is not None or kwargs.pop("episodes", None) is not None:
+        raise ValueError("a mixture picks episodes per component: Mixture([{'dataset': ..., 'episodes': ...}])")
+    return MixtureDataset(url, mixture, *rest, **kwargs)

@@ -10,11 +10,11 @@ import numpy as np
 
 from episerve._client import Client, connect
 from episerve._global_steps import GlobalSteps, check_state, resume_state
-from episerve._iterable import _rank_and_world, _worker_info
 from episerve._mixture import Mixture
 from episerve._mixture_dataset import MixtureSource
 from episerve._mixture_stats import Stats
 from episerve._outputs import Formatter, Output
+from episerve._ranks import rank_and_world, worker_info
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps
 
@@ -63,7 +63,7 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
             self.client, mixture, columns, delta_timestamps, tolerance_s, decode_images, output, seed, epoch_size
         )
         self.batch_size = batch_size
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         self.drop_last = drop_last
         self.transform = transform
         self.epoch = 0
@@ -119,7 +119,7 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         self._delivered = None
 
     def __iter__(self) -> Iterator[Any]:
-        info = _worker_info()
+        info = worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         steps = self._steps()
         if info is None:
@@ -136,3 +136,18 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
     def stats(self) -> Stats:
         """The mixture's feature statistics (see `episerve._mixture_stats`)."""
         return self.source.stats()
+
+
+def mixture_iterable(
+    url: Any, mixture: Mixture, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> MixtureIterableDataset:
+    """`EpisodeIterableDataset(url, mixture, ...)`: the same arguments, for a mixture. Its plan orders the
+    positions, so `shuffle`, `chunk_rows` and `prefetch` do not apply; `batch_size` is required."""
+    episodes, *rest = args or (None,)
+    if episodes is not None or kwargs.pop("episodes", None) is not None:
+        raise ValueError("a mixture picks episodes per component: Mixture([{'dataset': ..., 'episodes': ...}])")
+    for ignored in ("shuffle", "chunk_rows", "prefetch"):
+        kwargs.pop(ignored, None)
+    if kwargs.get("batch_size") is None:
+        raise ValueError("a mixture is streamed in batches: pass batch_size (per rank)")
+    return MixtureIterableDataset(url, mixture, *rest, **kwargs)

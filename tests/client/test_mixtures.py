@@ -339,3 +339,15 @@ def test_a_state_from_another_mixture_or_seed_is_refused(mixture_url: str) -> No
     other = episerve.Mixture([ARM6, {"dataset": ARM9, "features": {HIGH: TOP}}])
     with pytest.raises(ValueError, match="mixture version"):
         MixtureIterableDataset(mixture_url, other, CHEAP, batch_size=4, seed=1).load_state_dict(state)
+
+
+def test_a_mixture_is_accepted_wherever_a_dataset_id_is(mixture_url: str) -> None:
+    mapped = episerve.EpisodeDataset(mixture_url, CROSS, None, CHEAP, seed=0)
+    assert isinstance(mapped, episerve.MixtureDataset) and mapped.plan.seed == 0
+    streamed = episerve.EpisodeIterableDataset(mixture_url, CROSS, columns=CHEAP, batch_size=8, shuffle=True)
+    assert isinstance(streamed, episerve.MixtureIterableDataset)
+    assert pairs(next(iter(streamed))) == pairs(mapped.__getitems__(list(range(8))).data)
+    with pytest.raises(ValueError, match="per component"):
+        episerve.EpisodeDataset(mixture_url, CROSS, episodes=[1, 2])
+    plain = episerve.EpisodeDataset(mixture_url, ARM6, columns=CHEAP)
+    assert type(plain) is episerve.EpisodeDataset and len(plain) > 0
