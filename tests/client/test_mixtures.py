@@ -4,6 +4,7 @@ components' own, weights in every prefix, draws without replacement, and resumpt
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,9 @@ from app.demo import write_demo_dataset
 from episerve._mixture_dataset import MixtureDataset
 from episerve._mixture_iterable import MixtureIterableDataset
 from tests.client.helpers import run_in_process
-from tests.support import ServerProcess, write_generic_dataset
+from tests.support import ServerProcess, eventually, write_generic_dataset
 
-ARM6, ARM9, GENERIC = "robots/arm6", "robots/arm9", "plain/generic"
+ARM6, ARM9, GENERIC, CHANGING = "robots/arm6", "robots/arm9", "plain/generic", "robots/changing"
 TOP, WRIST, HIGH = "observation.images.top", "observation.images.wrist", "observation.images.cam_high"
 # Robot B calls its top camera cam_high, has a wrist camera robot A lacks, and 9 joints to A's 6.
 CROSS = episerve.Mixture(
@@ -40,6 +41,8 @@ def mixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     write_demo_dataset(root / "robots/big-camera", format="v2.1", episodes=2, seed=23, cameras={TOP: (64, 96)})
     write_generic_dataset(root / GENERIC)
+    write_demo_dataset(root / CHANGING, format="v2.1", episodes=3, seed=31, cameras=None)
+    write_demo_dataset(root.parent / (root.name + "-spare"), format="v2.1", episodes=3, seed=32, cameras=None)
     return root
 
 
@@ -107,6 +110,16 @@ def test_the_version_changes_with_any_component() -> None:
 def test_a_bad_document_is_refused_when_written(document: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         episerve.Mixture.from_dict(document)
+
+
+def test_the_resolved_version_changes_when_a_component_changes(mixture_url: str, mixture_root: Path) -> None:
+    mixture = episerve.Mixture([ARM6, CHANGING])
+    before = MixtureDataset(mixture_url, mixture, columns=CHEAP).version
+    assert MixtureDataset(mixture_url, mixture, columns=CHEAP).version == before
+    spare = mixture_root.parent / (mixture_root.name + "-spare")
+    for source in sorted(spare.rglob("episode_000000.parquet")):  # the same episode, recorded again
+        shutil.copyfile(source, mixture_root / CHANGING / source.relative_to(spare))
+    eventually(lambda: MixtureDataset(mixture_url, mixture, columns=CHEAP).version != before, seconds=30)
 
 
 # --- one schema out of many -----------------------------------------------------------------------------------
