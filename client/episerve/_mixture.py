@@ -125,6 +125,13 @@ class Mixture:
             return cls.from_dict(yaml.safe_load(text))
         return cls.from_dict(json.loads(text))
 
+    @classmethod
+    def named(cls, client: Any, mixture_id: str) -> Mixture:
+        """The server's named mixture `mixture_id` (`client` is an `episerve.Client`)."""
+        described = client.mixture(mixture_id)
+        fields = ("dataset", "weight", "episodes", "features")
+        return cls([{k: c[k] for k in fields if k in c} for c in described["components"]])
+
     def to_dict(self) -> dict[str, Any]:
         """The document (`Mixture.from_dict(m.to_dict())` is `m` again); JSON- and YAML-serialisable."""
         return {"components": [component.to_dict() for component in self.components]}

@@ -8,6 +8,7 @@ own. `MixtureSampler` is the batch sampler that hands each rank its positions of
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -141,7 +142,7 @@ class MixtureDataset(_Base):  # type: ignore[misc]
         return f"MixtureDataset({self.client.url!r}, {self.mixture!r}, positions={len(self)})"
 
     def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])[0]
+        return self.__getitems__([operator.index(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> Batch | list[Any]:
         """The samples at `indices` (epoch * len + position), read with one take per component."""

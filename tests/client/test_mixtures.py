@@ -21,6 +21,7 @@ from tests.client.helpers import run_in_process
 from tests.support import ServerProcess, eventually, write_generic_dataset
 
 ARM6, ARM9, GENERIC, CHANGING = "robots/arm6", "robots/arm9", "plain/generic", "robots/changing"
+CHANGING_NAMED = "robots/changing-named"
 TOP, WRIST, HIGH = "observation.images.top", "observation.images.wrist", "observation.images.cam_high"
 # Robot B calls its top camera cam_high, has a wrist camera robot A lacks, and 9 joints to A's 6.
 CROSS = episerve.Mixture(
@@ -42,13 +43,19 @@ def mixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_demo_dataset(root / "robots/big-camera", format="v2.1", episodes=2, seed=23, cameras={TOP: (64, 96)})
     write_generic_dataset(root / GENERIC)
     write_demo_dataset(root / CHANGING, format="v2.1", episodes=3, seed=31, cameras=None)
+    write_demo_dataset(root / CHANGING_NAMED, format="v2.1", episodes=3, seed=33, cameras=None)
     write_demo_dataset(root.parent / (root.name + "-spare"), format="v2.1", episodes=3, seed=32, cameras=None)
     return root
 
 
 @pytest.fixture(scope="module")
 def mixture_url(mixture_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with ServerProcess([mixture_root], tmp_path_factory.mktemp("mixture-cache")) as running:
+    named = tmp_path_factory.mktemp("named-mixtures")
+    CROSS.to_file(named / "cross.json")
+    (named / "robots").mkdir()
+    (named / "robots" / "changing.json").write_text(json.dumps({"components": [{"dataset": CHANGING_NAMED}]}))
+    environment = {"EPISERVE_MIXTURES_DIR": str(named), "EPISERVE_RESCAN_INTERVAL_S": "0.5"}
+    with ServerProcess([mixture_root], tmp_path_factory.mktemp("mixture-cache"), env=environment) as running:
         yield running.url
 
 
@@ -120,6 +127,31 @@ def test_the_resolved_version_changes_when_a_component_changes(mixture_url: str,
     for source in sorted(spare.rglob("episode_000000.parquet")):  # the same episode, recorded again
         shutil.copyfile(source, mixture_root / CHANGING / source.relative_to(spare))
     eventually(lambda: MixtureDataset(mixture_url, mixture, columns=CHEAP).version != before, seconds=30)
+
+
+def test_named_mixtures_are_listed_with_shares_and_read_like_any_mixture(mixture_url: str) -> None:
+    client = episerve.Client(mixture_url)
+    listed = {m["id"]: m for m in client.mixtures()}
+    assert set(listed) == {"cross", "robots/changing"}
+    cross = listed["cross"]
+    assert [c["share"] for c in cross["components"]] == pytest.approx([2 / 3, 1 / 3])
+    assert cross["components"][1]["rows"] == len(view_index(mixture_url, ARM9, "1-4"))
+    assert episerve.Mixture.named(client, "cross") == CROSS
+    dataset = episerve.EpisodeDataset(mixture_url, episerve.Mixture.named(client, "cross"), columns=CHEAP)
+    assert pairs(dataset.__getitems__([0, 1, 2]).data) == pairs(
+        MixtureDataset(mixture_url, CROSS, CHEAP).__getitems__([0, 1, 2]).data
+    )
+    with pytest.raises(episerve.NotFound, match="no mixture 'nothing'"):
+        client.mixture("nothing")
+
+
+def test_a_named_mixtures_version_changes_when_a_component_changes(mixture_url: str, mixture_root: Path) -> None:
+    client = episerve.Client(mixture_url)
+    before = client.mixture("robots/changing")["version"]
+    assert client.mixture("robots/changing")["version"] == before
+    data = sorted((mixture_root / CHANGING_NAMED).rglob("episode_000001.parquet"))
+    shutil.copyfile(data[0], sorted((mixture_root / CHANGING_NAMED).rglob("episode_000000.parquet"))[0])
+    eventually(lambda: client.mixture("robots/changing")["version"] != before, seconds=30)
 
 
 # --- one schema out of many -----------------------------------------------------------------------------------
