@@ -69,6 +69,7 @@ class _Plan:
     image_size: int
     cameras: tuple[Camera, ...]
     joints: tuple[str, ...]  # names of the state/action dimensions
+    fps: int
     lengths: np.ndarray  # int64, one per episode
     starts: np.ndarray  # global `index` of each episode's first frame
     task_index: np.ndarray  # int64, one per episode
@@ -119,6 +120,7 @@ def write_demo_dataset(
     cameras: Mapping[str, tuple[int, int]] | None = DEFAULT_CAMERAS,
     video_files: int | None = None,
     joints: int = len(JOINT_NAMES),
+    fps: int = FPS,
 ) -> Path:
     """Write a demo dataset into directory `out` (created; must be empty or absent) and return `out`.
 
@@ -128,7 +130,8 @@ def write_demo_dataset(
     8x8 pixels (e.g. 32x64; see `app.demo_video.camera_frames`); `None` or `{}` writes no videos. v3.0 packs each
     camera's episodes into `video_files` mp4 files (default about one per 80 episodes; independent of the data
     files); v2.1 writes one mp4 per episode and camera. `joints` is the width of the state and action vectors (a
-    robot with another arm: more joints than the six named ones are called `joint_6`, `joint_7`...).
+    robot with another arm: more joints than the six named ones are called `joint_6`, `joint_7`...); `fps` the frame
+    rate of the recording (timestamps and videos).
     `meta/info.json` is written last, so its presence marks a complete dataset.
     Raises ValueError for an unknown format, episodes < 1, image_size < 1, files < 1, video_files < 1, a camera
     that cannot be encoded, or a non-empty `out`.
@@ -137,7 +140,7 @@ def write_demo_dataset(
     _validate_arguments(format, episodes, image_size, files, video_files)
     recorded_cameras = _cameras(cameras)
     _prepare_empty_dir(out)
-    plan = _make_plan(episodes, seed, image_size, recorded_cameras, joints)
+    plan = _make_plan(episodes, seed, image_size, recorded_cameras, joints, fps)
     if format == "v3.0":
         n_files = min(files if files is not None else math.ceil(episodes / EPISODES_PER_FILE), episodes)
         n_video_files = min(video_files or math.ceil(episodes / VIDEO_EPISODES_PER_FILE), episodes)
@@ -219,9 +222,9 @@ def _is_complete(path: Path) -> bool:
     return (path / INFO_PATH).is_file()
 
 
-def _make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera, ...], joints: int) -> _Plan:
-    if joints < 1:
-        raise ValueError(f"joints must be at least 1, got {joints}")
+def _make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera, ...], joints: int, fps: int) -> _Plan:
+    if joints < 1 or fps < 1:
+        raise ValueError(f"joints and fps must be at least 1, got {joints} and {fps}")
     rng = np.random.default_rng(seed)
     lengths = rng.integers(MIN_LENGTH, MAX_LENGTH + 1, size=episodes, dtype=np.int64)
     if episodes >= 10:
@@ -236,6 +239,7 @@ def _make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera,
         image_size=image_size,
         cameras=cameras,
         joints=tuple(JOINT_NAMES[i] if i < len(JOINT_NAMES) else f"joint_{i}" for i in range(joints)),
+        fps=fps,
         lengths=lengths,
         starts=starts,
         task_index=np.array([remap[c] for c in choices], dtype=np.int64),
@@ -262,7 +266,7 @@ def _iter_recorded_episodes(plan: _Plan) -> Iterator[tuple[_Episode, dict[str, _
     pending: deque[tuple[_Episode, dict[str, Future[_EpisodeVideo]]]] = deque()
     with ThreadPoolExecutor(_ENCODE_WORKERS, thread_name_prefix="demo-video") as pool:
         for episode in _iter_episodes(plan):
-            jobs = {camera.key: pool.submit(_record_video, camera, episode) for camera in plan.cameras}
+            jobs = {camera.key: pool.submit(_record_video, camera, episode, plan.fps) for camera in plan.cameras}
             pending.append((episode, jobs))
             if len(pending) > 2 * _ENCODE_WORKERS:
                 done, jobs = pending.popleft()
@@ -272,17 +276,17 @@ def _iter_recorded_episodes(plan: _Plan) -> Iterator[tuple[_Episode, dict[str, _
             yield done, {key: job.result() for key, job in jobs.items()}
 
 
-def _record_video(camera: Camera, episode: _Episode) -> _EpisodeVideo:
+def _record_video(camera: Camera, episode: _Episode, fps: int) -> _EpisodeVideo:
     frames = demo_video.camera_frames(camera, episode.index, episode.columns["frame_index"])
-    return _EpisodeVideo(demo_video.encode_episode(frames, FPS), _image_stats(frames))
+    return _EpisodeVideo(demo_video.encode_episode(frames, fps), _image_stats(frames))
 
 
 def _make_episode(plan: _Plan, episode: int) -> _Episode:
     rng = np.random.default_rng([plan.seed, episode])
     length = int(plan.lengths[episode])
     frame_index = np.arange(length, dtype=np.int64)
-    seconds = frame_index / FPS
-    state, action = _trajectories(rng, seconds, len(plan.joints))
+    seconds = frame_index / plan.fps
+    state, action = _trajectories(rng, seconds, len(plan.joints), plan.fps)
     columns = {
         STATE: state,
         ACTION: action,
@@ -296,7 +300,9 @@ def _make_episode(plan: _Plan, episode: int) -> _Episode:
     return _Episode(episode, columns, pixels)
 
 
-def _trajectories(rng: np.random.Generator, seconds: np.ndarray, joints: int) -> tuple[np.ndarray, np.ndarray]:
+def _trajectories(
+    rng: np.random.Generator, seconds: np.ndarray, joints: int, fps: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Smooth joint positions in degrees; the action leads the state by one frame, like a position target."""
     offset = rng.uniform(-30.0, 30.0, joints)
     amplitude = rng.uniform(5.0, 45.0, joints)
@@ -304,7 +310,7 @@ def _trajectories(rng: np.random.Generator, seconds: np.ndarray, joints: int) ->
     phase = rng.uniform(0.0, 2 * np.pi, joints)
     angle = 2 * np.pi * frequency * seconds[:, None] + phase
     state = offset + amplitude * np.sin(angle)
-    action = offset + amplitude * np.sin(angle + 2 * np.pi * frequency / FPS)
+    action = offset + amplitude * np.sin(angle + 2 * np.pi * frequency / fps)
     return state.astype(np.float32), action.astype(np.float32)
 
 
@@ -338,7 +344,9 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
 # Arrow tables and schema
 
 
-def _features(image_size: int, cameras: tuple[Camera, ...], joints: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def _features(
+    image_size: int, cameras: tuple[Camera, ...], joints: tuple[str, ...], fps: int
+) -> dict[str, dict[str, Any]]:
     """info.json `features`, in data-file column order; cameras (no data column) follow the image column."""
     vector = {"dtype": "float32", "shape": [len(joints)]}
     image = {"dtype": "image", "shape": [image_size, image_size, 3], "names": ["height", "width", "channels"]}
@@ -347,7 +355,7 @@ def _features(image_size: int, cameras: tuple[Camera, ...], joints: tuple[str, .
         STATE: {**vector, "names": list(joints)},
         ACTION: {**vector, "names": list(joints)},
         IMAGE: image,
-        **{camera.key: demo_video.video_feature(camera, FPS) for camera in cameras},
+        **{camera.key: demo_video.video_feature(camera, fps) for camera in cameras},
         **{name: {"dtype": dtype, "shape": [1], "names": None} for name, dtype in scalar_dtypes.items()},
     }
 
@@ -633,11 +641,11 @@ def _info(plan: _Plan, format: str) -> dict[str, Any]:
         }
         data_path, video_path = V21_DATA_PATH, V21_VIDEO_PATH
     return info | {
-        "fps": FPS,
+        "fps": plan.fps,
         "splits": {"train": f"0:{plan.episodes}"},
         "data_path": data_path,
         "video_path": video_path if plan.cameras else None,
-        "features": _features(plan.image_size, plan.cameras, plan.joints),
+        "features": _features(plan.image_size, plan.cameras, plan.joints, plan.fps),
     }
 
 

@@ -119,21 +119,21 @@ _SCATTER_LOCK = threading.Lock()
 
 def _scatter(out: dict[str, Any], name: str, slots: np.ndarray, values: np.ndarray, count: int) -> None:
     """`values` into rows `slots` of `out[name]`, made on first use like `values` (an object array when the
-    components' values differ in shape)."""
+    components' values differ in shape). Under a lock: the components' threads may fill one array."""
     with _SCATTER_LOCK:
         target = out.get(name)
         if target is None:
-            shape = (count, *values.shape[1:])
-            target = out[name] = np.empty(shape, dtype=values.dtype)
+            target = out[name] = np.empty((count, *values.shape[1:]), dtype=values.dtype)
         elif target.dtype != object and (target.shape[1:] != values.shape[1:] or target.dtype != values.dtype):
             objects = np.empty(len(target), dtype=object)
-            objects[:] = list(target)
+            for row, value in enumerate(target):
+                objects[row] = value
             target = out[name] = objects
-    if target.dtype == object and values.dtype != object:
-        for slot, value in zip(slots.tolist(), values, strict=True):
-            target[slot] = value
-    else:
-        target[slots] = values
+        if target.dtype == object and values.dtype != object:
+            for slot, value in zip(slots.tolist(), values, strict=True):
+                target[slot] = value
+        else:
+            target[slots] = values
 
 
 def _fill_missing(out: dict[str, Any], count: int, feature: Feature, slots: np.ndarray) -> None:
