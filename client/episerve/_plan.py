@@ -35,8 +35,9 @@ depends on the seed.
 
 **Rows without replacement per pass.** Component `k`'s draws are numbered across epochs: its `i`-th draw of epoch
 `e` is its draw `g = e * E_k + i`, `E_k` being its draws per epoch. Draw `g` is row `permute(g mod size_k)` of pass
-`g // size_k`, where `permute` is a bijection of `[0, size_k)` seeded by (seed, component, pass): a 4-round Feistel
-network on the smallest even number of bits covering the size, walked until it lands inside `[0, size_k)`. So a
+`g // size_k`, where `permute` is a bijection of `[0, size_k)` seeded by (seed, component, pass): four keyed rounds
+of invertible steps on `b`-bit words (add, multiply by an odd number, xor-shift; `2^b` the smallest power of two
+at least `size_k`), walked until it lands inside `[0, size_k)`. So a
 component smaller than its share cycles through fresh shuffles; a larger one is subsampled, each epoch continuing
 where the last one stopped (every row is drawn once before any is drawn twice).
 """
@@ -53,7 +54,6 @@ from typing import NamedTuple
 import numpy as np
 
 PERIOD = 65_536  # positions of one period of the component schedule when the weights need rounding
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ROUNDS = 4
 
 
@@ -220,12 +220,10 @@ def permutation(size: int, seed: int, component: int = 0, pass_: int = 0) -> np.
 
 
 def _mix(values: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijective scramble of 64-bit words (wrapping arithmetic)."""
-    z = values.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        z += np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    """splitmix64's finaliser: a bijective scramble of 64-bit words (numpy's array arithmetic wraps)."""
+    z = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
@@ -237,27 +235,30 @@ def _keys(seed: int, component: np.ndarray, passes: np.ndarray) -> np.ndarray:
 
 
 def _permute(index: np.ndarray, size: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """`index` through the Feistel bijection of `[0, size)` keyed by `key` (all arrays of one length), with cycle
-    walking: values outside `[0, size)` go through the network again until they land inside. The network is a
-    bijection of `[0, 4^h)`, `4^h < 4 * size`, so a walk takes fewer than four rounds on average and ends, since
-    the cycle through a value in range returns to the range."""
-    out = np.asarray(index, dtype=np.int64).copy()
-    if len(out) == 0:
-        return out
-    half = np.maximum(1, (np.ceil(np.log2(np.maximum(size, 2))).astype(np.int64) + 1) // 2).astype(np.uint64)
-    todo = np.ones(len(out), dtype=bool)
-    values = out.astype(np.uint64)
-    while True:
-        values[todo] = _feistel(values[todo], half[todo], key[todo])
-        todo = values >= size.astype(np.uint64)
-        if not todo.any():
-            return values.astype(np.int64)
+    """`index` through the keyed bijection of `[0, size)` (all arrays of one length), by cycle walking: a value
+    the bijection of `[0, 2^b)` (`2^b` the smallest power of two at least `size`) sends outside `[0, size)` goes
+    through it again until it lands inside. Since `2^b < 2 size`, a walk takes fewer than two steps on average,
+    and it ends: the cycle through a value in range comes back to the range."""
+    values = np.asarray(index, dtype=np.int64).astype(np.uint64)
+    if len(values) == 0:
+        return values.astype(np.int64)
+    limit = np.asarray(size, dtype=np.int64).astype(np.uint64)
+    bits = np.maximum(1, np.ceil(np.log2(np.maximum(size, 2))).astype(np.int64)).astype(np.uint64)
+    todo = np.arange(len(values))
+    while len(todo):
+        values[todo] = _bijection(values[todo], bits[todo], key[todo])
+        todo = todo[values[todo] >= limit[todo]]
+    return values.astype(np.int64)
 
 
-def _feistel(values: np.ndarray, half: np.ndarray, key: np.ndarray) -> np.ndarray:
-    mask = (np.uint64(1) << half) - np.uint64(1)
-    left, right = values >> half, values & mask
+def _bijection(values: np.ndarray, bits: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """A keyed bijection of `b`-bit words: rounds of adding a key, multiplying by an odd key and xor-shifting the
+    high half onto the low one, each step invertible modulo `2^b`."""
+    mask = (np.uint64(1) << bits) - np.uint64(1)
+    shift = (bits + np.uint64(1)) // np.uint64(2)
     for round_ in range(_ROUNDS):
-        scrambled = _mix(right ^ _mix(key + np.uint64(round_)))
-        left, right = right, (left ^ scrambled) & mask
-    return (left << half) | right
+        round_key = _mix(key + np.uint64(round_))
+        values = (values + round_key) & mask
+        values = (values * (round_key | np.uint64(1))) & mask
+        values = values ^ (values >> shift)
+    return values
