@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,11 +13,13 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.api import cache, datasets, health, mixtures, rows
-from app.api.deps import bound_store_waits, reject_unknown_query, require_token
+from app.api.deps import bound_store_waits
 from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers, install_problem_schema, problem_responses
+from app.api.query_checks import reject_unknown_query
+from app.api.tokens import require_token
 from app.api.ui import install_viewer
 from app.auth import TokenVerifier
 from app.demo import ensure_demo_dataset
@@ -24,7 +27,7 @@ from app.logs import configure_logging
 from app.settings import Settings, is_remote_root
 from app.sources import DatasetPath
 from app.store.catalog import Catalog, locate_roots
-from app.store.segments import stop_background_builds
+from app.store.segment_builds import stop_background_builds
 from app.store.warming import Warmer
 
 log = logging.getLogger("episerve")
@@ -94,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def app_from_environment() -> FastAPI:
     """Factory for `uvicorn --factory`: settings from `EPISERVE_*` variables (each worker calls it)."""
+    faulthandler.enable(all_threads=True)  # a fatal signal (SIGBUS, SIGSEGV) logs every thread's traceback
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
     return create_app(settings)

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app import demo_video
-from app.demo import TWO_CAMERAS
+from app.demo_cameras import TWO_CAMERAS
 from bench.processes import EpiserveServer
 
 NAME = "long"

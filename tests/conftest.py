@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.demo import TWO_CAMERAS, write_demo_dataset
+from app.demo import write_demo_dataset
+from app.demo_cameras import TWO_CAMERAS
 from tests.support import ServerProcess, write_generic_dataset, write_nullable_dataset, write_plain_dataset
 
 

@@ -145,3 +145,14 @@ def test_client_import_reading_sees_relative_and_lazy_imports(tmp_path: Path) ->
     assert set(cycle) in ({"pkg._a", "pkg._b", "pkg._c", "pkg.sub.d"}, {"pkg.sub.d", "pkg.sub.e"})
     graph["pkg.sub.d"] = set()
     assert _a_cycle(graph) == []
+
+
+def test_the_api_reaches_the_store_only_through_reads() -> None:
+    reaching = [
+        f"{module} -> {dependency}"
+        for module, dependencies in _imports().items()
+        if module.startswith("app.api.")
+        for dependency in dependencies
+        if dependency.startswith("app.store")
+    ]
+    assert reaching == []

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 import episerve
-from app.demo import TOP_CAMERA, WRIST_CAMERA
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from episerve._local_frames import METADATA_KEY, FramesUnavailable, LocalFrames
 from tests.support import ServerProcess, oracle, read_stream
 from tests.test_errors import assert_problem

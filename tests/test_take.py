@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.reads.byte_gather import MappedColumns, Part, fixed_row_width, gather, gather_kinds
-from app.reads.service import read_slice, take
 from app.settings import Settings
 from app.store.catalog import Catalog
+from tests.direct_reads import read_slice, take
 from tests.support import assert_tables_equal, oracle
 
 

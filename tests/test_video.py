@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import episerve
-from app.demo import TOP_CAMERA, WRIST_CAMERA
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from episerve._tensor_batch import INLINE_BLOCK_BYTES
 from tests.support import ServerProcess, eventually, oracle, read_stream
 from tests.test_errors import assert_problem
@@ -306,8 +306,8 @@ def test_verify_checks_decoded_frame_segments_and_rebuilds_a_damaged_one(video_r
     data[len(data) // 2] ^= 0xFF
     segment.write_bytes(bytes(data))
     found = run_cli("verify", "cams", *location)
-    assert found.returncode == 1 and f"{video}: checksum" in found.stdout, found.stdout
-    assert run_cli("verify", "cams", "--rebuild", *location).returncode == 0
+    assert found.returncode == 2 and f"{video}: checksum" in found.stdout, found.stdout
+    assert run_cli("verify", "cams", "--rebuild", *location).returncode == 1
     assert run_cli("verify", "cams", *location).returncode == 0
 
 

@@ -21,17 +21,30 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from app.demo import TOP_CAMERA, WRIST_CAMERA, write_demo_dataset
+from app.demo import write_demo_dataset
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from app.reads.episode_spec import parse_episode_spec
 from app.reads.frames import video_files_needed
-from app.reads.service import take
 from app.settings import Settings
 from app.sources.decoders import DecoderPool
-from app.sources.video import decode_nearest, frame_schema, video_features
+from app.sources.source import DatasetPath, VideoFeature
+from app.sources.video import decode_nearest_into, frame_schema, video_features
 from app.store.catalog import Catalog
+from tests.direct_reads import take
 from tests.support import ServerProcess, eventually, read_stream
 from tests.test_operations import metric, run_cli
 from tests.video_oracle import decode_video, episode_video, frames_for_rows
+
+
+def decode_nearest(
+    root: DatasetPath, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
+    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,))."""
+    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
+    places = np.arange(len(times)).reshape(-1, 1)
+    return frames, decode_nearest_into(frames, places, root, rel, times, feature, decoders)
+
 
 ROWS = ["episode_index", "frame_index"]
 
@@ -261,15 +274,15 @@ def _queue_a_frame_build_and_stop(root: str, cache: str, rel: str) -> list[str]:
     """In a fresh process: queue the background build of one video's frames as a first-touch read does, stop the
     process's background builds at once (as server shutdown does) and wait for the builder; return the files left
     in the frames directory."""
-    from app.store import segments
+    from app.store import segment_builds
 
     catalog = Catalog(Settings(roots=[Path(root)], cache_dir=Path(cache), build_batch_bytes=64 * 1024), [Path(root)])
     dataset = catalog.get("long")
     dataset.index()
     schema = frame_schema(video_features(json.loads((Path(root) / "long/meta/info.json").read_text()))[TOP_CAMERA])
-    assert dataset.frame_segment(rel, schema, build=True) is None  # not built yet: queued
-    segments.stop_background_builds()
-    segments._background_builds("frames").shutdown(wait=True)
+    assert dataset.frames.segment(rel, schema, build=True) is None  # not built yet: queued
+    segment_builds.stop_background_builds()
+    segment_builds.background_builds("frames").shutdown(wait=True)
     return sorted(p.name for p in dataset.frames.directory.iterdir())
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from app import demo_video
 from app.cli import main as cli_main
-from app.demo import TWO_CAMERAS, write_demo_dataset
+from app.demo import write_demo_dataset
+from app.demo_cameras import TWO_CAMERAS
 from app.demo_video import Camera, camera_frames
 from tests.video_oracle import (
     FrameTimestampError,

@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from app.api.ui import VENDOR_DIRECTORY
-from app.demo import IMAGE, JOINT_NAMES, STATE, TOP_CAMERA, WRIST_CAMERA, write_demo_dataset
+from app.demo import IMAGE, JOINT_NAMES, STATE, write_demo_dataset
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from tests.support import ServerProcess, oracle, read_stream, source_files
 
 CHROMIUM = Path("/usr/bin/chromium")

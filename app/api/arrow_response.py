@@ -37,18 +37,18 @@ def arrow_response(answer: Answer) -> Response:
     """The answer as an Arrow IPC stream response: small bodies encoded at once (tiny ones into one buffer),
     large ones batch by batch as they are sent (compressed ones without a known length). Rows the answer left
     pending are sent from where they lie, uncompressed."""
-    schema, batches, codec, pending = answer.schema, answer.unfilled_batches, answer.codec, answer.pending
+    schema, batches, codec, pending = answer.schema, answer.batches, answer.codec, answer.pending
     headers = {**answer.headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
     if codec is not None:
         headers["X-Arrow-Compression"] = codec
     if sum(b.get_total_buffer_size() for b in batches) < OWN_CHUNK_BYTES:  # nbytes costs ~16 us a batch
-        return ArrowChunksResponse([memoryview(encode_whole(schema, answer.batches, codec))], headers)
+        return ArrowChunksResponse([memoryview(encode_whole(schema, batches, codec, pending))], headers)
     size = stream_size(schema, batches)
     if size <= _SINGLE_PIECE_BYTES:
         chunks = [chunk for chunks in encode_stream(schema, batches, codec, pending) for chunk in chunks]
         return ArrowChunksResponse(chunks, headers)
     if codec is not None:
-        joined = (b"".join(chunks) for chunks in encode_stream(schema, answer.batches, codec))
+        joined = (b"".join(chunks) for chunks in encode_stream(schema, batches, codec, pending))
         return StreamingResponse(joined, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
     return ArrowStreamResponse(schema, batches, headers, size, pending)
 

@@ -7,43 +7,18 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import get_dataset, json_body_schema, read_json_body
+from app.api.deps import get_dataset
+from app.api.json_body import json_body_schema, read_json_body
 from app.api.problems import OrjsonResponse, problem_responses
+from app.reads.cache_report import cache_report, start_warming
+from app.reads.catalog import Dataset, Warmer
 from app.reads.requests import WarmRequest
-from app.reads.service import files_needed
-from app.store.dataset import Dataset
-from app.store.warming import Warmer
 
 router = APIRouter(tags=["cache"])
 
 
 async def get_warmer(request: Request) -> Warmer:
     return request.app.state.warmer
-
-
-def cache_report(dataset: Dataset, warmer: Warmer) -> dict[str, Any]:
-    status = dataset.cache_status()
-    job = warmer.job(dataset.id)
-    return {
-        "dataset": dataset.id,
-        **status,
-        "building": [
-            {
-                "source": b.source,
-                "rows_done": b.rows_done,
-                "rows_total": b.rows_total,
-                "bytes_done": b.bytes_done,
-                "progress": b.rows_done / b.rows_total if b.rows_total else 1.0,
-            }
-            for b in dataset.builds_in_progress()
-        ],
-        "warming": job.as_dict() if job else None,
-    }
-
-
-def _start_warming(dataset: Dataset, warmer: Warmer, request: WarmRequest) -> dict[str, Any]:
-    warmer.start(dataset, files_needed(dataset, request.episode_ranges(dataset.limits)))
-    return cache_report(dataset, warmer)
 
 
 @router.get(
@@ -68,5 +43,5 @@ async def warm_cache(
     body = WarmRequest()
     if request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers:
         body = await read_json_body(request, WarmRequest, dataset.limits.max_body_bytes)
-    report = await run_in_threadpool(_start_warming, dataset, warmer, body)
+    report = await run_in_threadpool(start_warming, dataset, warmer, body.episode_ranges(dataset.limits))
     return OrjsonResponse(report, status_code=202)

@@ -8,9 +8,8 @@ from fastapi import APIRouter, Depends
 
 from app.api.deps import get_catalog, get_dataset
 from app.api.problems import problem_responses
+from app.reads.catalog import Catalog, Dataset
 from app.reads.describe import dataset_stats, describe_dataset, list_episodes, summarize_dataset
-from app.store.catalog import Catalog
-from app.store.dataset import Dataset
 
 router = APIRouter(tags=["datasets"])
 

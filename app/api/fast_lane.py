@@ -17,12 +17,13 @@ A take's body is read here only if its declared length is within `EPISERVE_MAX_B
 answers 413 before a byte of it is read), and only until the request's body deadline (`EPISERVE_BODY_TIMEOUT_S`,
 shared with the route, which then answers 408).
 
-Both parse the request with the route's own model (`app.reads.requests`) and call the same read service with
-`may_block=False`; a request parsed here and passed on is not parsed again.
+Both parse the request with the route's own model (`app.reads.requests`) and ask the read service whether the
+read is quick (`RowRead.quick`) before reading a row: a quick read is answered here; any other (a first touch that
+maps or builds a segment, frames to decode, a large take) goes on, body intact and read decided, to the regular
+route, which answers it in the thread pool. Either way the read runs once.
 
-`EPISERVE_INLINE_READ_BYTES=0` turns the lane off. Anything else (every error, a first touch that maps or builds
-a segment, frames to decode, a large take) goes on, body intact, to the regular route, which answers it as it
-always does. The response is the same either way; only its cost differs.
+`EPISERVE_INLINE_READ_BYTES=0` turns the lane off. Every error goes on to the route too, which words it. The
+response is the same either way; only its cost differs.
 """
 
 from __future__ import annotations
@@ -36,20 +37,15 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.deps import (
-    PARSED_REQUEST,
-    TOKEN_ACCEPTED,
-    body_deadline,
-    check_declared_length,
-    check_json_content_type,
-    decode_json_body,
-    until,
-)
+from app.api.body_deadline import body_deadline, until
+from app.api.deps import PARSED_REQUEST, PREPARED_READ
+from app.api.json_body import check_declared_length, check_json_content_type, decode_json_body
 from app.api.rows import to_response
+from app.api.tokens import TOKEN_ACCEPTED
 from app.auth import TokenCheck
 from app.errors import ProblemError, WouldBlock
 from app.reads.requests import SliceRequest, TakeRequest
-from app.reads.service import answer_slice, answer_take
+from app.reads.service import RowRead, SliceRead, TakeRead
 
 _TAKE_SUFFIX = "/rows/take"
 _SLICE_SUFFIX = "/rows"
@@ -124,25 +120,26 @@ class FastLane:
         self, scope: Scope, child_scope: Scope, parse: Callable[[], SliceRequest | TakeRequest]
     ) -> Response | None:
         """The read's response if it can be answered right here without waiting; None otherwise (after a valid
-        request is parsed, the route reuses it)."""
+        request is parsed, the route reuses it, and the read if one was decided on)."""
         try:
             request = parse()
         except ProblemError:
             return None  # the route parses it again and words the error
         scope[PARSED_REQUEST] = request
+        if isinstance(request, SliceRequest) and (request.codec is not None or "if-none-match" in Headers(scope=scope)):
+            return None  # compressing a slice is CPU work; conditional reads check freshness
         try:
             dataset = self.state.catalog.get(child_scope["path_params"]["dataset_id"])
-            if isinstance(request, TakeRequest):
-                answer = answer_take(dataset, request, may_block=False)
-                counter = metrics.INLINE_TAKES
-            else:
-                if request.codec is not None or "if-none-match" in Headers(scope=scope):
-                    return None  # compressing a slice is CPU work; conditional reads check freshness
-                answer = answer_slice(dataset, request, may_block=False)
-                counter = metrics.INLINE_SLICES
+            read: RowRead = (
+                TakeRead(dataset, request) if isinstance(request, TakeRequest) else SliceRead(dataset, request)
+            )
+            if not read.quick():
+                scope[PREPARED_READ] = read
+                return None
+            answer = read.answer()
         except (ProblemError, WouldBlock):
             return None  # the regular route answers it (and words every error)
-        counter.inc()
+        (metrics.INLINE_TAKES if isinstance(request, TakeRequest) else metrics.INLINE_SLICES).inc()
         return to_response(answer)
 
     @staticmethod

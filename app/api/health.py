@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from app import metrics
-from app.api.deps import check_token
 from app.api.problems import OrjsonResponse, problem, problem_responses
+from app.api.tokens import check_token
 
 router = APIRouter(tags=["health"])
 

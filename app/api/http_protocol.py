@@ -5,7 +5,7 @@ response the client stops reading is cut off after `send_timeout_s` without prog
 Neither uvicorn nor httptools bounds either: a 1 MiB header is parsed, and a client that sends its head a byte at
 a time holds its connection (and a file descriptor) for as long as it likes. Beyond the size the server answers
 431, beyond the time 408 (or closes silently when nothing was sent at all), and closes the connection either way.
-The body's own deadline is kept where the body is read (`app.api.deps.read_json_body`, the fast lane); the rest
+The body's own deadline is kept where the body is read (`app.api.json_body.read_json_body`, the fast lane); the rest
 of a body the response did not wait for gets as long as a head.
 
 A client that stops reading its response (a trainer pausing for a checkpoint with requests in flight) leaves the

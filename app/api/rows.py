@@ -14,12 +14,13 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.routing import APIRoute
 
 from app.api.arrow_response import arrow_response
-from app.api.deps import PARSED_REQUEST, get_dataset, json_body_schema, read_json_body, run_read
+from app.api.deps import PARSED_REQUEST, PREPARED_READ, get_dataset, run_read
+from app.api.json_body import json_body_schema, read_json_body
 from app.api.problems import problem_responses
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
+from app.reads.catalog import Dataset
 from app.reads.requests import SliceRequest, TakeRequest
-from app.reads.service import Answer, answer_slice, answer_take
-from app.store.dataset import Dataset
+from app.reads.service import Answer, RowRead, SliceRead, TakeRead
 
 router = APIRouter(tags=["rows"])
 
@@ -91,12 +92,8 @@ def to_response(answer: Answer | Any) -> Response:
     return Response(status_code=304, headers=answer.headers)
 
 
-def _slice(dataset: Dataset, request: SliceRequest, if_none_match: str | None) -> Response:
-    return to_response(answer_slice(dataset, request, if_none_match))
-
-
-def _take(dataset: Dataset, request: TakeRequest) -> Response:
-    return to_response(answer_take(dataset, request))
+def _answer(read: RowRead) -> Response:
+    return to_response(read.answer())
 
 
 @router.get(
@@ -108,7 +105,8 @@ def _take(dataset: Dataset, request: TakeRequest) -> Response:
 )
 async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
     selection = request.scope.get(PARSED_REQUEST) or SliceRequest.from_query(request.query_params.multi_items())
-    return await run_read(request, _slice, dataset, selection, request.headers.get("if-none-match"))
+    read = request.scope.get(PREPARED_READ) or SliceRead(dataset, selection, request.headers.get("if-none-match"))
+    return await run_read(request, _answer, read)
 
 
 @router.post(
@@ -120,7 +118,7 @@ async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
 )
 async def read_rows_with_body(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
     body = await read_json_body(request, SliceRequest, dataset.limits.max_body_bytes)
-    return await run_read(request, _slice, dataset, body, request.headers.get("if-none-match"))
+    return await run_read(request, _answer, SliceRead(dataset, body, request.headers.get("if-none-match")))
 
 
 @router.post(
@@ -134,7 +132,7 @@ async def take_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
     body = request.scope.get(PARSED_REQUEST) or await read_json_body(
         request, TakeRequest, dataset.limits.max_body_bytes
     )
-    return await run_read(request, _take, dataset, body)
+    return await run_read(request, _answer, request.scope.get(PREPARED_READ) or TakeRead(dataset, body))
 
 
 def take_route() -> APIRoute:

@@ -28,9 +28,17 @@ def stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
     return schema.serialize().size + sum(pa.ipc.get_record_batch_size(b) for b in batches) + len(END_OF_STREAM)
 
 
-def encode_whole(schema: pa.Schema, batches: Sequence[pa.RecordBatch], compression: str | None = None) -> pa.Buffer:
-    """The whole IPC stream in one buffer, written by Arrow itself. It copies the data, which for a small answer
-    (no buffer as large as `OWN_CHUNK_BYTES`) costs less than collecting chunks."""
+def encode_whole(
+    schema: pa.Schema,
+    batches: Sequence[pa.RecordBatch],
+    compression: str | None = None,
+    pending: PendingCopies | None = None,
+) -> pa.Buffer:
+    """The whole IPC stream in one buffer, written by Arrow itself. It copies the data (the `pending` rows are
+    copied into place first), which for a small answer (no buffer as large as `OWN_CHUNK_BYTES`) costs less than
+    collecting chunks."""
+    if pending:
+        pending.make()
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression)
     with pa.ipc.new_stream(sink, schema, options=options) as writer:

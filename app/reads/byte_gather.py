@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from app.store.segments import Segment
+from app.reads.segment_memo import remembered
+from app.store.mapped_segments import Segment
 
 _SHORT_VALUE_BYTES = 256  # variable-width values this long on average are gathered by one fancy-index
 
@@ -109,14 +110,13 @@ class MappedColumns:
         column_kinds: list[Kind],
         starts: np.ndarray,
         data_starts: np.ndarray,
-        low: int,
-        high: int,
+        span: tuple[int, int],
     ) -> None:
         self.batches = batches  # keeps the mapped memory alive
         self.column_kinds = column_kinds  # per column; `kinds` per leaf
         self.kinds = _leaf_kinds(column_kinds)
         self.starts, self.data_starts = starts, data_starts  # (stored batch, leaf)
-        self.low, self.high = low, high  # every value lies in [low, high)
+        self.low, self.high = span  # every value lies in [low, high)
         self.widths = np.array([k.width if isinstance(k, Fixed) else 0 for k in self.kinds], dtype=np.int64)
         # whether some values may be copied one row at a time (long variable-width ones), not by a fancy-index
         self.copies_row_by_row = any(isinstance(k, Variable) for k in self.kinds)
@@ -135,7 +135,7 @@ class MappedColumns:
         starts = np.array([places.starts for places in located], dtype=np.int64)
         data_starts = np.array([places.data_starts for places in located], dtype=np.int64)
         low, high = min(r[0] for r in regions), max(r[1] for r in regions)
-        return cls(batches, kinds, starts, data_starts, low, high)
+        return cls(batches, kinds, starts, data_starts, (low, high))
 
 
 class _Located:
@@ -297,7 +297,7 @@ def mapped_columns(segment: Segment, columns: list[str] | None) -> MappedColumns
         kinds = gather_kinds(batches[0].schema) if batches else None
         return None if kinds is None else MappedColumns.of(batches, kinds)
 
-    return segment.derived(("mapped-columns", None if columns is None else tuple(columns)), locate)
+    return remembered(segment, ("mapped-columns", None if columns is None else tuple(columns)), locate)
 
 
 def segment_part(segment: Segment, positions: np.ndarray, rows: np.ndarray, columns: list[str] | None) -> Part | None:

@@ -22,55 +22,22 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from app.reads.frames import LocatedRows, frame_segment, frame_times, nearest_in_segment
-from app.sources.source import Source, VideoFeature
-from app.sources.video import check_tolerance
-from app.store.dataset import Dataset
-from app.store.segments import Segment
+from app.sources.source import VideoFeature
+from app.store.mapped_segments import Segment
 
 METADATA_KEY = b"episerve.frames"  # names the description of a column of references in its field metadata
 REFERENCE_TYPE = pa.struct([pa.field("segment", pa.int32(), nullable=False), pa.field("row", pa.int64(), False)])
 
 
-def frame_references(
-    dataset: Dataset,
-    source: Source,
-    feature: VideoFeature,
-    located: LocatedRows,
-    tolerance_s: float,
-    may_block: bool,
-) -> tuple[pa.Field, pa.Array] | None:
-    """The camera column of `feature` for the `located` rows as references (field and column), checked against
-    `tolerance_s` like pixels are; None if some frame is not in a built segment (send pixels)."""
-    times_of = frame_times(source, feature, located.episodes, located.timestamps)
-    files = times_of.files()
-    segments = []
-    for path in files:
-        segment = frame_segment(dataset, path, feature, may_block)
-        if segment is not None and not segment.at_path():
-            # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
-            # this map holds. Map the one there now (if any).
-            dataset.forget_frames(segment)
-            segment = frame_segment(dataset, path, feature, may_block)
-        if segment is None or not segment.at_path():
-            return None
-        segments.append(segment)
-    segment_of = np.empty(len(located.episodes), dtype=np.int32)
-    row_of = np.empty(len(located.episodes), dtype=np.int64)
-    found = np.empty(len(located.episodes))
-    for number, (path, segment) in enumerate(zip(files, segments, strict=True)):
-        here = np.flatnonzero(times_of.paths == path)
-        times, back = np.unique(times_of.wanted[here], return_inverse=True)
-        rows, at = nearest_in_segment(segment, times)
-        segment_of[here], row_of[here], found[here] = number, rows[back], at[back]
-    check_tolerance(feature.key, located.episodes, located.frame_index, times_of.wanted, found, tolerance_s)
-    order = located.order
-    column = pa.StructArray.from_arrays(
-        [pa.array(segment_of[order]), pa.array(row_of[order])], fields=list(REFERENCE_TYPE)
-    )
+def reference_column(
+    feature: VideoFeature, segments: list[Segment], segment_of: np.ndarray, row_of: np.ndarray, cache_root: Path
+) -> tuple[pa.Field, pa.Array]:
+    """The camera column of `feature` (field and column) whose row `i` references row `row_of[i]` of
+    `segments[segment_of[i]]`, the segments described relative to `cache_root`."""
+    column = pa.StructArray.from_arrays([pa.array(segment_of), pa.array(row_of)], fields=list(REFERENCE_TYPE))
     described = {
         "shape": [feature.height, feature.width, feature.channels],
-        "segments": [_described(segment, dataset.cache_root) for segment in segments],
+        "segments": [_described(segment, cache_root) for segment in segments],
     }
     return pa.field(feature.key, REFERENCE_TYPE, metadata={METADATA_KEY: orjson.dumps(described)}), column
 

@@ -1,14 +1,15 @@
 """The read service: every row read (slices, takes, windows), with its limits and ETags, for the routes, the fast
 lane, the cache commands and the CLI alike.
 
-A read resolves its episode selection to a view of the current index snapshot, checks the limits, gathers the
-rows (zero-copy slices of the memory-mapped segments, or a take: see `app.reads.takes`), applies temporal windows
-and returns an `Answer`: the schema, the record batches and the headers that describe them. Encoding the answer
-for the wire is the caller's business (`app.api.arrow_response`).
+A read resolves its episode selection to a view of an index snapshot, checks the limits, gathers the rows
+(zero-copy slices of the memory-mapped segments, or a take: see `app.reads.takes`), applies temporal windows and
+returns an `Answer`: the schema, the record batches and the headers that describe them. Encoding the answer for
+the wire is the caller's business (`app.api.arrow_response`).
 
-`may_block=False` asks for a read that is quick enough to run on an event loop: when it would load the index,
-map or build a segment, read a source file, reload changed sources, compute the windows of a slice, decode camera
-frames or gather more than `inline_read_bytes`, it raises `WouldBlock` before doing any of that.
+Each request is one `RowRead`, read once. `quick()` decides, before a row is read, whether it can be answered on
+the event loop (from segments this process has mapped: `ViewRead.answerable_from_maps`); `answer()` then reads
+it, on the event loop when quick, else in the thread pool, where it may load the index, build or map segments,
+read source files cold, compute windows and decode camera frames.
 """
 
 from __future__ import annotations
@@ -21,23 +22,15 @@ import pyarrow as pa
 
 from app.errors import InvalidInput, OverLimit, WouldBlock
 from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episodes
-from app.reads.frame_references import frame_references
-from app.reads.frames import frame_columns, locate_rows, view_schema
+from app.reads.frames import view_schema
 from app.reads.pending_copies import PendingCopies
-from app.reads.requests import SliceRequest, TakeRequest
-from app.reads.takes import project, take_rows
-from app.reads.windows import (
-    DEFAULT_TOLERANCE_S,
-    PAD_SUFFIX,
-    WindowRequest,
-    WindowSpec,
-    as_windows,
-    pad_column,
-    parse_windows,
-    window_targets,
-)
+from app.reads.requests import RowSelection, SliceRequest, TakeRequest
+from app.reads.takes import project
+from app.reads.view_read import ReadOptions, RowsNeeded, ViewRead
+from app.reads.windows import WindowSpec, parse_windows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
+from app.store.segments import SourceChanged
 from app.store.views import EpisodeView
 
 
@@ -45,21 +38,14 @@ from app.store.views import EpisodeView
 class Answer:
     """Rows to send: `schema`, the batches (zero-copy over the maps where possible) and their `headers`.
 
-    `unfilled_batches` may still lack `pending` rows, which an encoder sends from where they lie
-    (`encode_stream(..., pending=answer.pending)`); `batches` has every row in place."""
+    The batches may still lack the `pending` rows, which an encoder sends from where they lie or copies into place
+    first (`PendingCopies.make`): anything that reads the batches' data otherwise makes them first."""
 
     schema: pa.Schema
-    unfilled_batches: list[pa.RecordBatch]
+    batches: list[pa.RecordBatch]
     headers: dict[str, str]
     codec: str | None = None  # IPC body compression, if asked for
     pending: PendingCopies | None = None
-
-    @property
-    def batches(self) -> list[pa.RecordBatch]:
-        """The batches with every row in place (pending copies are made now)."""
-        if self.pending is not None:
-            self.pending.make()
-        return self.unfilled_batches
 
 
 @dataclass(frozen=True)
@@ -69,109 +55,82 @@ class NotModified:
     headers: dict[str, str]
 
 
-@dataclass(frozen=True)
-class RowSlice:
-    """A contiguous slice of a view: zero-copy batches over the memory-mapped segments (camera frames from
-    decoded-frame segments may be `pending`, see `Answer`)."""
+class RowRead:
+    """One row request on one dataset, read once: on the snapshot its `quick()` decision was made on when that
+    says it can be answered on the event loop, else (in the thread pool) on a fresh snapshot."""
 
-    schema: pa.Schema
-    batches: list[pa.RecordBatch]
-    total_rows: int
-    start: int
-    stop: int
-    digest: str
-    pending: PendingCopies | None = None
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self._plan: _Plan | None = None
+        self._quick = False
 
+    def quick(self) -> bool:
+        """Whether the read can be answered right away from what this process has mapped, decided before any row
+        is read (a problem with the request is raised: the regular route words it)."""
+        index = self.dataset.current_index()
+        if index is None:
+            return False
+        self._plan = self._planned(index)
+        self._quick = self._plan.decide()
+        return self._quick
 
-@dataclass(frozen=True)
-class SliceBounds:
-    """The view rows a slice resolves to, and the snapshot it was resolved on."""
+    def answer(self) -> Answer | NotModified:
+        """The answer: on the event loop when `quick()` said so, else on a fresh snapshot (in the thread pool),
+        reusing what the decision prepared when the snapshot is the same."""
+        plan = self._plan
+        if plan is not None and self._quick:
+            try:
+                return plan.answer()
+            except SourceChanged as exc:  # since the decision: reloading is the thread pool's
+                raise WouldBlock(f"a source file of dataset {self.dataset.id!r} changed") from exc
+        return self.dataset.with_fresh_index(
+            lambda index: (plan if plan is not None and plan.read.index is index else self._planned(index)).answer()
+        )
 
-    total_rows: int
-    start: int
-    stop: int
-    digest: str
-
-
-@dataclass(frozen=True)
-class RowTake:
-    """Rows picked by view index, in the order asked (camera frames from decoded-frame segments may be
-    `pending`, see `Answer`)."""
-
-    table: pa.Table
-    total_rows: int
-    digest: str
-    pending: PendingCopies | None = None
-
-
-# -- requests ----------------------------------------------------------------------------------------------------
+    def _planned(self, index: EpisodeIndex) -> _Plan:
+        raise NotImplementedError
 
 
-def answer_slice(
-    dataset: Dataset, request: SliceRequest, if_none_match: str | None = None, may_block: bool = True
-) -> Answer | NotModified:
+class SliceRead(RowRead):
     """A `GET`/`POST /rows` request: the slice, or `NotModified` when `if_none_match` names its ETag (answered
     from the view alone: a 304 never reads or builds a segment)."""
-    limits = dataset.limits
-    ranges = request.episode_ranges(limits)
-    windows = request.windows()
-    start, stop = request.start, request.stop
-    if stop is not None and start > stop:
-        raise InvalidInput(f"start ({start}) is greater than stop ({stop})")
 
-    def headers_of(bounds: SliceBounds | RowSlice) -> dict[str, str]:
-        query = [format_ranges(ranges) if ranges else "*", bounds.start, bounds.stop]
-        query += [request.columns, windows, request.compression]
-        return {
-            "ETag": f'"{bounds.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
-            "X-Total-Rows": str(bounds.total_rows),
-            "X-Start": str(bounds.start),
-            "X-Stop": str(bounds.stop),
-            "Cache-Control": "no-cache",
-        }
+    def __init__(self, dataset: Dataset, request: SliceRequest, if_none_match: str | None = None) -> None:
+        super().__init__(dataset)
+        if request.stop is not None and request.start > request.stop:
+            raise InvalidInput(f"start ({request.start}) is greater than stop ({request.stop})")
+        self.request, self.if_none_match = request, if_none_match
+        self.ranges = request.episode_ranges(dataset.limits)
 
-    if if_none_match:
-        headers = headers_of(slice_bounds(dataset, ranges, start, stop, may_block))
-        if headers["ETag"] in [tag.strip() for tag in if_none_match.split(",")]:
-            return NotModified(headers)
-    selected = read_slice(
-        dataset,
-        ranges,
-        start,
-        stop,
-        request.columns,
-        limits.max_rows_per_response,
-        windows,
-        may_block,
-        request.tolerance_s,
-        defer_frames=True,
-    )
-    return Answer(selected.schema, selected.batches, headers_of(selected), request.codec, selected.pending)
+    def _planned(self, index: EpisodeIndex) -> _Plan:
+        return _SlicePlan(self, _prepared(self.dataset, index, self.ranges, self.request))
 
 
-def answer_take(dataset: Dataset, request: TakeRequest, may_block: bool = True) -> Answer:
+class TakeRead(RowRead):
     """A `POST /rows/take` request."""
-    limits = dataset.limits
-    if len(request.indices) > limits.max_take_indices:
-        raise OverLimit(
-            f"{len(request.indices)} indices asked; the limit is {limits.max_take_indices} per request",
-            limits.max_take_indices,
-        )
-    ranges = request.episode_ranges(limits)
-    taken = take(
-        dataset,
-        ranges,
-        request.indices,
-        request.columns,
-        request.windows(),
-        may_block,
-        request.tolerance_s,
-        defer_frames=True,
-        reference_frames=request.frames == "references",
-    )
-    batches = [b for b in taken.table.to_batches() if b.num_rows]
-    headers = {"X-Total-Rows": str(taken.total_rows)}
-    return Answer(taken.table.schema, batches, headers, request.codec, taken.pending)
+
+    def __init__(self, dataset: Dataset, request: TakeRequest) -> None:
+        super().__init__(dataset)
+        limit = dataset.limits.max_take_indices
+        if len(request.indices) > limit:
+            raise OverLimit(f"{len(request.indices)} indices asked; the limit is {limit} per request", limit)
+        self.request = request
+        self.ranges = request.episode_ranges(dataset.limits)
+
+    def _planned(self, index: EpisodeIndex) -> _Plan:
+        return _TakePlan(_prepared(self.dataset, index, self.ranges, self.request), self.request)
+
+
+def answer_slice(dataset: Dataset, request: SliceRequest, if_none_match: str | None = None) -> Answer | NotModified:
+    """A `GET`/`POST /rows` request, read (see `SliceRead`)."""
+    return SliceRead(dataset, request, if_none_match).answer()
+
+
+def answer_take(dataset: Dataset, request: TakeRequest) -> Answer:
+    """A `POST /rows/take` request, read (see `TakeRead`)."""
+    answer = TakeRead(dataset, request).answer()
+    assert isinstance(answer, Answer)
+    return answer
 
 
 def files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list[int]:
@@ -180,7 +139,146 @@ def files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list[int]:
     return sorted(set(np.unique(view_of(dataset, index, episodes).run_file).tolist()))
 
 
-# -- rows of a view ----------------------------------------------------------------------------------------------
+# -- one request on one snapshot ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A request's selection checked on one snapshot: its read, the columns asked (`names`, None: all) with the
+    windowed ones (`base`), the stored ones to gather (`stored`) and the windows."""
+
+    read: ViewRead
+    names: list[str] | None
+    base: list[str] | None
+    stored: list[str] | None
+    spec: WindowSpec | None
+
+    @property
+    def plain_cameras(self) -> tuple[str, ...]:
+        """The cameras asked for outside windows."""
+        windowed = self.spec.offsets if self.spec is not None else {}
+        return tuple(n for n in self.names or () if n in self.read.cameras and n not in windowed)
+
+    def check_size(self, rows: int) -> None:
+        """Problems for windows or camera frames of `rows` rows beyond the limits."""
+        _check_window_size(self.read.dataset, rows, self.spec)
+        _check_frame_bytes(self.read.dataset, rows, self.names, self.spec)
+
+
+def _prepared(dataset: Dataset, index: EpisodeIndex, ranges: EpisodeRanges | None, request: RowSelection) -> _Prepared:
+    view = view_of(dataset, index, ranges)
+    names = check_columns(view_schema(dataset, index), request.columns)
+    windows = request.windows()
+    spec = None
+    if windows is not None:
+        spec = parse_windows(
+            windows.delta_timestamps,
+            fps=dataset.info().fps,
+            schema=view_schema(dataset, index),
+            tolerance_s=windows.tolerance_s,
+            max_offsets=dataset.limits.max_window_offsets,
+        )
+    references = isinstance(request, TakeRequest) and request.frames == "references"
+    options = ReadOptions(request.tolerance_s, defer_frames=True, reference_frames=references)
+    base = with_window_columns(names, spec)
+    return _Prepared(ViewRead(dataset, index, view, options), names, base, _stored_columns(dataset, base), spec)
+
+
+class _Plan:
+    """A request prepared on one snapshot: `decide` whether it is quick, then `answer` it."""
+
+    read: ViewRead
+
+    def decide(self) -> bool:
+        raise NotImplementedError
+
+    def answer(self) -> Answer | NotModified:
+        raise NotImplementedError
+
+
+class _SlicePlan(_Plan):
+    def __init__(self, slice_read: SliceRead, prepared: _Prepared) -> None:
+        self.of, self.prepared, self.read = slice_read, prepared, prepared.read
+        request, limit = slice_read.request, slice_read.dataset.limits.max_rows_per_response
+        total = len(self.read.view)
+        self.lo, self.hi = clamp(total, request.start, request.stop)
+        if self.hi - self.lo > limit:
+            raise OverLimit(
+                f"the slice holds {self.hi - self.lo} rows; the limit is {limit} rows per response (page with "
+                "start/stop)",
+                limit,
+            )
+        prepared.check_size(self.hi - self.lo)
+
+    def decide(self) -> bool:
+        """Quick when it has no windows (computed off the event loop) and its segments are mapped."""
+        if self.prepared.spec is not None:
+            return False
+        rows = RowsNeeded(range(self.lo, self.hi), self.prepared.stored, False, self.prepared.plain_cameras)
+        return self.read.answerable_from_maps(rows)
+
+    def headers(self) -> dict[str, str]:
+        request, read = self.of.request, self.read
+        query = [format_ranges(self.of.ranges) if self.of.ranges else "*", self.lo, self.hi]
+        query += [request.columns, request.windows(), request.compression]
+        return {
+            "ETag": f'"{read.index.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
+            "X-Total-Rows": str(len(read.view)),
+            "X-Start": str(self.lo),
+            "X-Stop": str(self.hi),
+            "Cache-Control": "no-cache",
+        }
+
+    def answer(self) -> Answer | NotModified:
+        """View rows [lo, hi) as zero-copy batches, windowed columns gathered in place of the stored ones."""
+        read, prepared = self.read, self.prepared
+        if self.of.if_none_match:
+            read.dataset.ensure_fresh(read.index, {file for file, _, _ in read.view.spans(self.lo, self.hi)})
+            headers = self.headers()
+            if headers["ETag"] in [tag.strip() for tag in self.of.if_none_match.split(",")]:
+                return NotModified(headers)
+        batches = read.slice_batches(self.lo, self.hi, prepared.stored)
+        schema = project(read.index.schema, prepared.stored)
+        if prepared.spec is not None or prepared.stored != prepared.base:
+            table = pa.Table.from_batches(batches, schema)
+            rows = np.arange(self.lo, self.hi, dtype=np.int64)
+            table = read.complete(rows, table, prepared.base, prepared.spec)
+            schema, batches = table.schema, table.to_batches()
+        return Answer(schema, batches, self.headers(), self.of.request.codec, read.pending or None)
+
+
+class _TakePlan(_Plan):
+    def __init__(self, prepared: _Prepared, request: TakeRequest) -> None:
+        self.prepared, self.read, self.request = prepared, prepared.read, request
+        self.rows = np.asarray(request.indices, dtype=np.int64)
+        total = len(self.read.view)
+        bad = self.rows[(self.rows < 0) | (self.rows >= total)]
+        if len(bad):
+            shown = ", ".join(map(str, bad[:10].tolist()))
+            raise InvalidInput(f"indices out of range [0, {total}): {shown}")
+        prepared.check_size(len(self.rows))
+
+    def decide(self) -> bool:
+        """Quick when no camera is windowed (decoded off the event loop) and its rows, their windows and frames
+        lie in mapped segments, within the inline budget."""
+        spec = self.prepared.spec
+        if spec is not None and any(key in spec.offsets for key in self.read.cameras):
+            return False
+        rows = RowsNeeded(self.rows, self.prepared.stored, True, self.prepared.plain_cameras)
+        return self.read.answerable_from_maps(rows, spec)
+
+    def answer(self) -> Answer:
+        """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included."""
+        read, prepared = self.read, self.prepared
+        table = read.take_rows(self.rows, prepared.stored)
+        if prepared.spec is not None or prepared.stored != prepared.base:
+            table = read.complete(self.rows, table, prepared.base, prepared.spec)
+        batches = [b for b in table.to_batches() if b.num_rows]
+        headers = {"X-Total-Rows": str(len(read.view))}
+        return Answer(table.schema, batches, headers, self.request.codec, read.pending or None)
+
+
+# -- limits ------------------------------------------------------------------------------------------------------
 
 
 def view_of(dataset: Dataset, index: EpisodeIndex, episodes: EpisodeRanges | None) -> EpisodeView:
@@ -193,131 +291,6 @@ def view_of(dataset: Dataset, index: EpisodeIndex, episodes: EpisodeRanges | Non
             "omit `episodes`"
         )
     return EpisodeView.of(index, resolve_episodes(episodes, index.episodes))
-
-
-def slice_bounds(
-    dataset: Dataset, episodes: EpisodeRanges | None, start: int, stop: int | None, may_block: bool = True
-) -> SliceBounds:
-    """What `read_slice` would serve, without touching any segment. The source files the slice covers are
-    checked first, so a changed file never passes for unchanged."""
-
-    def attempt(index: EpisodeIndex) -> SliceBounds:
-        view = view_of(dataset, index, episodes)
-        lo, hi = clamp(len(view), start, stop)
-        dataset.ensure_fresh(index, {file for file, _, _ in view.spans(lo, hi)})
-        return SliceBounds(len(view), lo, hi, index.digest)
-
-    return dataset.with_fresh_index(attempt, may_block)
-
-
-def read_slice(
-    dataset: Dataset,
-    episodes: EpisodeRanges | None,
-    start: int,
-    stop: int | None,
-    columns: list[str] | None,
-    max_rows: int,
-    windows: WindowRequest | None = None,
-    may_block: bool = True,
-    tolerance_s: float = DEFAULT_TOLERANCE_S,
-    defer_frames: bool = False,
-) -> RowSlice:
-    """View rows [start, stop) (clamped to the view, like a Python slice) as zero-copy batches. Windowed
-    columns, when asked for, are gathered and replace the stored column in the batches. With `defer_frames`,
-    camera frames found in decoded-frame segments may be left `pending` (see `Answer`)."""
-
-    def attempt(index: EpisodeIndex) -> RowSlice:
-        view = view_of(dataset, index, episodes)
-        names = check_columns(view_schema(dataset, index), columns)
-        spec = _window_spec(dataset, index, windows)
-        total = len(view)
-        lo, hi = clamp(total, start, stop)
-        if hi - lo > max_rows:
-            raise OverLimit(
-                f"the slice holds {hi - lo} rows; the limit is {max_rows} rows per response (page with start/stop)",
-                max_rows,
-            )
-        _check_window_size(dataset, hi - lo, spec)
-        _check_frame_bytes(dataset, hi - lo, names, spec)
-        base = with_window_columns(names, spec)
-        stored = _stored_columns(dataset, base)
-        if not may_block and spec is not None:
-            raise WouldBlock("the windows of a slice are computed off the event loop")
-        spans = list(view.spans(lo, hi))
-        dataset.ensure_fresh(index, {file for file, _, _ in spans})
-        batches = [
-            piece
-            for file, first, end in spans
-            for piece in dataset.segment(index, file, may_block).slice(first, end, stored)
-        ]
-        schema = project(index.schema, stored)
-        pending = PendingCopies() if defer_frames else None
-        if spec is not None or stored != base:
-            table = pa.Table.from_batches(batches, schema)
-            rows = np.arange(lo, hi, dtype=np.int64)
-            table = _complete(dataset, index, view, rows, table, base, spec, tolerance_s, may_block, pending)
-            schema, batches = table.schema, table.to_batches()
-        return RowSlice(schema, batches, total, lo, hi, index.digest, pending or None)
-
-    return dataset.with_fresh_index(attempt, may_block)
-
-
-def take(
-    dataset: Dataset,
-    episodes: EpisodeRanges | None,
-    rows: list[int],
-    columns: list[str] | None,
-    windows: WindowRequest | None = None,
-    may_block: bool = True,
-    tolerance_s: float = DEFAULT_TOLERANCE_S,
-    defer_frames: bool = False,
-    reference_frames: bool = False,
-) -> RowTake:
-    """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included. With
-    `defer_frames`, camera frames found in decoded-frame segments may be left `pending` (see `Answer`); with
-    `reference_frames`, cameras whose frames all lie in such segments come as references to them (see
-    `app.reads.frame_references`)."""
-
-    def attempt(index: EpisodeIndex) -> RowTake:
-        view = view_of(dataset, index, episodes)
-        names = check_columns(view_schema(dataset, index), columns)
-        spec = _window_spec(dataset, index, windows)
-        wanted = np.asarray(rows, dtype=np.int64)
-        total = len(view)
-        bad = wanted[(wanted < 0) | (wanted >= total)]
-        if len(bad):
-            shown = ", ".join(map(str, bad[:10].tolist()))
-            raise InvalidInput(f"indices out of range [0, {total}): {shown}")
-        _check_window_size(dataset, len(wanted), spec)
-        _check_frame_bytes(dataset, len(wanted), names, spec)
-        base = with_window_columns(names, spec)
-        stored = _stored_columns(dataset, base)
-        if not may_block and spec is not None and any(key in spec.offsets for key in dataset.info().videos):
-            raise WouldBlock("windows of camera frames are decoded off the event loop")
-        table = take_rows(dataset, index, view, wanted, stored, may_block)
-        pending = PendingCopies() if defer_frames else None
-        if spec is not None or stored != base:
-            table = _complete(
-                dataset, index, view, wanted, table, base, spec, tolerance_s, may_block, pending, reference_frames
-            )
-        return RowTake(table, total, index.digest, pending or None)
-
-    return dataset.with_fresh_index(attempt, may_block)
-
-
-# -- windows -----------------------------------------------------------------------------------------------------
-
-
-def _window_spec(dataset: Dataset, index: EpisodeIndex, windows: WindowRequest | None) -> WindowSpec | None:
-    if windows is None:
-        return None
-    return parse_windows(
-        windows.delta_timestamps,
-        fps=dataset.info().fps,
-        schema=view_schema(dataset, index),
-        tolerance_s=windows.tolerance_s,
-        max_offsets=dataset.limits.max_window_offsets,
-    )
 
 
 def _check_window_size(dataset: Dataset, rows: int, spec: WindowSpec | None) -> None:
@@ -351,51 +324,6 @@ def _check_frame_bytes(dataset: Dataset, rows: int, names: list[str] | None, spe
         )
 
 
-def _apply_windows(
-    dataset: Dataset,
-    index: EpisodeIndex,
-    view: EpisodeView,
-    rows: np.ndarray,
-    table: pa.Table,
-    spec: WindowSpec,
-    tolerance_s: float,
-    may_block: bool = True,
-) -> pa.Table:
-    """Replace each windowed column by its windows and append the `<column>_is_pad` masks."""
-    lo, hi = view.episode_bounds(rows)
-    pads = []
-    cameras = dataset.info().videos
-    for column, offsets in spec.offsets.items():
-        targets, pad = window_targets(rows, lo, hi, offsets)
-        if column in cameras:
-            values = frame_columns(dataset, index, view, targets.reshape(-1), [column], tolerance_s)[column]
-        else:
-            values = take_rows(dataset, index, view, targets.reshape(-1), [column], may_block)[column].combine_chunks()
-        position = table.schema.get_field_index(column)
-        windowed = _camera_windows(values, len(offsets)) if column in cameras else as_windows(values, len(offsets))
-        if position < 0:
-            table = table.append_column(pa.field(column, windowed.type), windowed)
-        else:
-            table = table.set_column(position, pa.field(column, windowed.type), windowed)
-        pads.append((column + PAD_SUFFIX, pad_column(pad)))
-    for name, mask in pads:
-        table = table.append_column(pa.field(name, mask.type), mask)
-    return table
-
-
-def _camera_windows(frames: pa.FixedShapeTensorArray, width: int) -> pa.FixedShapeTensorArray:
-    """Frames gathered row-major (n * width) as one (width, height, width, channels) tensor per row."""
-    if len(frames) == 0:  # pyarrow cannot build a tensor array from an empty ndarray (a count: `stop=0`)
-        kind = pa.fixed_shape_tensor(frames.type.value_type, [width, *frames.type.shape])
-        storage = pa.FixedSizeListArray.from_arrays(pa.array([], frames.type.value_type), kind.storage_type.list_size)
-        return pa.ExtensionArray.from_storage(kind, storage)
-    stacked = frames.to_numpy_ndarray()
-    return pa.FixedShapeTensorArray.from_numpy_ndarray(stacked.reshape(-1, width, *stacked.shape[1:]))
-
-
-# -- camera frames -----------------------------------------------------------------------------------------------
-
-
 def _stored_columns(dataset: Dataset, names: list[str] | None) -> list[str] | None:
     """The stored columns of a selection (None: all of them); when it names only cameras, the episode column,
     which locates their frames (dropped from the answer)."""
@@ -404,45 +332,6 @@ def _stored_columns(dataset: Dataset, names: list[str] | None) -> list[str] | No
     cameras = dataset.info().videos
     stored = [name for name in names if name not in cameras]
     return stored if stored or len(stored) == len(names) else [dataset.episode_column]
-
-
-def _complete(
-    dataset: Dataset,
-    index: EpisodeIndex,
-    view: EpisodeView,
-    rows: np.ndarray,
-    table: pa.Table,
-    names: list[str] | None,
-    spec: WindowSpec | None,
-    tolerance_s: float,
-    may_block: bool = True,
-    pending: PendingCopies | None = None,
-    reference_frames: bool = False,
-) -> pa.Table:
-    """The stored columns of view `rows` in `table`, completed: camera frames decoded (or left `pending` where
-    a decoded-frame segment holds them, or with `reference_frames` referenced there), windows applied, and the
-    columns in the order asked (windows' `<column>_is_pad` masks last)."""
-    cameras = dataset.info().videos
-    windowed = spec.offsets if spec is not None else {}
-    plain = [name for name in names or [] if name in cameras and name not in windowed]
-    located = None
-    if plain and reference_frames and len(rows) and dataset.limits.video_cache_policy != "on-demand":
-        located = locate_rows(dataset, index, view, rows, may_block)
-        source = dataset.source()
-        for key in list(plain):
-            referenced = frame_references(dataset, source, source.info.videos[key], located, tolerance_s, may_block)
-            if referenced is not None:
-                table = table.append_column(*referenced)
-                plain.remove(key)
-    if plain:
-        columns = frame_columns(dataset, index, view, rows, plain, tolerance_s, pending, may_block, located)
-        for key, frames in columns.items():
-            table = table.append_column(pa.field(key, frames.type), frames)
-    if spec is not None:
-        table = _apply_windows(dataset, index, view, rows, table, spec, tolerance_s, may_block)
-    order = names if names is not None else [*index.schema.names, *(c for c in windowed if c in cameras)]
-    pads = [column + PAD_SUFFIX for column in windowed]
-    return table.select([*order, *pads])
 
 
 # -- selections --------------------------------------------------------------------------------------------------

@@ -10,96 +10,72 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 
-from app.errors import WouldBlock
 from app.reads.byte_gather import gather, segment_part
-from app.store.dataset import Dataset, RowSource
-from app.store.episode_index import EpisodeIndex
-from app.store.segments import Segment
-from app.store.views import EpisodeView
+from app.store.cold_reads import ColdRows
+from app.store.mapped_segments import Segment
+from app.store.row_files import RowSource
 
 _ROW_SLICE_MAX = 4096  # up to this many wide rows, gather by per-row slices (see _gather_row_slices)
 _WIDE_ROW_BYTES = 2048
 
+ColdTake = Callable[[ColdRows, np.ndarray, "list[str] | None"], pa.Table]  # stored rows (ascending) read cold
 
-def take_rows(
-    dataset: Dataset,
-    index: EpisodeIndex,
-    view: EpisodeView,
-    rows: np.ndarray,
+
+def gather_rows(
+    sources: dict[int, RowSource],
+    located: tuple[np.ndarray, np.ndarray],
+    schema: pa.Schema,
     names: list[str] | None,
-    may_block: bool = True,
+    cold: ColdTake,
 ) -> pa.Table:
-    """View rows (in range) in the given order. Without `may_block`, only from segments this process has mapped
-    and only up to about `inline_read_bytes` (else `WouldBlock`)."""
-    files, stored = view.locate(rows)
-    touched = np.unique(files).tolist()
-    dataset.ensure_fresh(index, touched)
-    schema = project(index.schema, names)
-    if len(rows) == 0:
-        return schema.empty_table()
-    if may_block:
-        sources = dataset.row_sources(index, files, stored)
-    else:
-        sources = _mapped_sources(dataset, index, touched, len(rows), names)
-    segments_only = all(isinstance(s, Segment) for s in sources.values())
-    if segments_only:
-        copied = _gather_by_copy(sources, files, stored, touched, names, schema)
+    """The rows at `located` (source file, stored row) of the stored columns `names` (of `schema`), in that order
+    (not empty), from each file's source the cheapest way it allows (see the module's docstring); rows of a file
+    read cold come from `cold`."""
+    files, stored = located
+    schema = project(schema, names)
+    if _all_segments(sources):
+        copied = _gather_by_copy(sources, files, stored, names, schema)
         if copied is not None:
             return copied
-    if segments_only and len(rows) <= _ROW_SLICE_MAX and has_variable_width(schema):
-        first = sources[int(files[0])]
-        assert isinstance(first, Segment)
-        if first.row_bytes(names) >= _WIDE_ROW_BYTES:
-            return _gather_row_slices(sources, files, stored, names, schema)
+        if len(files) <= _ROW_SLICE_MAX and has_variable_width(schema):
+            first = sources[int(files[0])]
+            assert isinstance(first, Segment)
+            if first.row_bytes(names) >= _WIDE_ROW_BYTES:
+                return _gather_row_slices(sources, files, stored, names, schema)
     order = np.lexsort((stored, files))
     pieces: list[pa.RecordBatch] = []
     bounds = np.flatnonzero(np.diff(files[order])) + 1
-    try:
-        for group in np.split(order, bounds):
-            source = sources[int(files[group[0]])]
-            if isinstance(source, Segment):
-                pieces.extend(source.take(stored[group], names))
-            else:
-                pieces.extend(dataset.cold_take(index, source, stored[group], names).to_batches())
-    finally:
-        dataset.queue_builds(index, [number for number, s in sources.items() if not isinstance(s, Segment)])
-    if not segments_only:
-        dataset.ensure_fresh(index, touched)  # the source files read must not have changed meanwhile
+    for group in np.split(order, bounds):
+        source = sources[int(files[group[0]])]
+        if isinstance(source, Segment):
+            pieces.extend(source.take(stored[group], names))
+        else:
+            pieces.extend(cold(source, stored[group], names).to_batches())
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
     return pa.Table.from_batches(pieces, schema=schema).take(pa.array(inverse))
 
 
-def _mapped_sources(
-    dataset: Dataset, index: EpisodeIndex, touched: list[int], rows: int, names: list[str] | None
-) -> dict[int, RowSource]:
-    """The touched files' segments if all are mapped already and `rows` of them fit the inline budget."""
-    budget = dataset.limits.inline_read_bytes
-    sources: dict[int, RowSource] = {}
-    for number in touched:
-        segment = dataset.segment(index, number, may_block=False)
-        if rows * segment.row_bytes(names) > budget:
-            raise WouldBlock(f"{rows} rows are more than {budget} bytes")
-        sources[number] = segment
-    return sources
+def _all_segments(sources: dict[int, RowSource]) -> bool:
+    return all(isinstance(source, Segment) for source in sources.values())
 
 
 def _gather_by_copy(
     sources: dict[int, RowSource],
     files: np.ndarray,
     stored: np.ndarray,
-    touched: list[int],
     names: list[str] | None,
     schema: pa.Schema,
 ) -> pa.Table | None:
     """Rows copied byte-wise from the maps straight into request order; None when a column cannot be copied so,
     or when too many rows would be copied one by one."""
     parts = []
-    for number in touched:
-        segment = sources[number]
+    for number, segment in sources.items():
         assert isinstance(segment, Segment)
         positions = np.flatnonzero(files == number)
         part = segment_part(segment, positions, stored[positions], names)

@@ -37,16 +37,6 @@ def video_features(info: dict[str, Any]) -> dict[str, VideoFeature]:
     }
 
 
-def decode_nearest(
-    root: DatasetPath, rel: str, times: np.ndarray, feature: VideoFeature, decoders: DecoderPool
-) -> tuple[np.ndarray, np.ndarray]:
-    """For each of `times` (seconds, ascending), the decoded frame whose presentation time is nearest, and that
-    time: (uint8 (N, H, W, 3) at the camera's served size, float64 (N,))."""
-    frames = np.empty((len(times), feature.height, feature.width, 3), dtype=np.uint8)
-    places = np.arange(len(times)).reshape(-1, 1)
-    return frames, decode_nearest_into(frames, places, root, rel, times, feature, decoders)
-
-
 def decode_nearest_into(
     out: np.ndarray,
     places: Sequence[np.ndarray],

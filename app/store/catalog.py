@@ -17,11 +17,8 @@ from pathlib import Path
 from app.errors import DatasetError, DoesNotExist, InvalidInput
 from app.settings import Settings
 from app.sources import DatasetPath, is_dataset_dir, is_dataset_root
-from app.sources.decoders import DecoderPool
 from app.sources.object_store import ObjectStore, StoreOptions
-from app.store.dataset import Dataset
-from app.store.frame_budget import FrameBudget
-from app.store.segments import SegmentLRU
+from app.store.dataset import Dataset, SharedCaches
 
 _ID_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
@@ -77,9 +74,7 @@ class Catalog:
     def __init__(self, settings: Settings, roots: list[DatasetPath]) -> None:
         self.settings = settings
         self.roots = roots
-        self.lru = SegmentLRU(settings.max_open_segments)
-        self.frame_budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, self.lru)
-        self.decoders = DecoderPool(settings.video_decoders, settings.video_decode_threads)
+        self.shared = SharedCaches.of(settings)
         self._lock = threading.Lock()
         self._paths: dict[str, DatasetPath] = {}
         self._datasets: dict[str, Dataset] = {}
@@ -124,16 +119,7 @@ class Catalog:
             dataset = self._datasets.get(dataset_id)
             if dataset is None or dataset.path != path:
                 cache_dir = self.settings.cache_dir / "datasets" / Dataset.cache_key(dataset_id, path)
-                dataset = Dataset(
-                    dataset_id,
-                    path,
-                    cache_dir,
-                    self.settings.episode_column,
-                    self.lru,
-                    self.settings,
-                    self.frame_budget,
-                    self.decoders,
-                )
+                dataset = Dataset(dataset_id, path, cache_dir, self.settings, self.shared)
                 self._datasets[dataset_id] = dataset
             return dataset
 

@@ -11,7 +11,8 @@ from filelock import FileLock, Timeout
 
 from app.errors import ProblemError
 from app.store.dataset import Dataset
-from app.store.segments import STORE_DIRS, Removed, SegmentStore, clean_temps, remove_file
+from app.store.segment_files import STORE_DIRS, Removed, clean_temps, remove_file
+from app.store.segments import SegmentStore
 from app.store.verify import built_frame_segments
 
 
@@ -78,7 +79,7 @@ def _current_frame_segments(dataset: Dataset) -> set[str]:
     current = set()
     for rel, schema in built_frame_segments(dataset):
         with contextlib.suppress(ProblemError):  # a video gone or unreadable: its frames serve nothing
-            if dataset.frames.built_size(dataset.file_fingerprint(rel), schema) is not None:
+            if dataset.frames.built_size(dataset.frames.file_fingerprint(rel), schema) is not None:
                 current.add(SegmentStore.segment_name(rel))
     return current
 

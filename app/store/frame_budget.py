@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from app.store.segments import SegmentLRU
+from app.store.mapped_segments import SegmentLRU
 
 TOUCH_INTERVAL_S = 1.0
 log = logging.getLogger("episerve.cache")
@@ -78,10 +78,6 @@ class FrameBudget:
             self.lru.discard(str(arrow))
             return False
         return True
-
-    def used_bytes(self) -> int:
-        """Bytes of decoded-frame segments on disk now."""
-        return sum(r.nbytes for r in self._residents(exclude=None))
 
     def _residents(self, exclude: Path | None) -> list[_Resident]:
         residents = []

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from app.sources.files import DatasetPath, is_remote_path
 from app.sources.object_store import ObjectStoreError
 
 STORE_THREADS = 32  # per process: well above the reads one process runs at once, below what a stall could exhaust
@@ -87,3 +88,11 @@ def _late(what: str, allowance: float) -> ObjectStoreError:
         f"cannot read {what}: the object store did not answer within {allowance:g} s "
         "(the read goes on in the background; retry)"
     )
+
+
+def on_store(root: DatasetPath, rel: str | None, work: Callable[[], T]) -> T:
+    """`work()`, which reads the file `rel` of the dataset at `root` (None: its metadata and files): for a dataset
+    in an object store, waited for only until the request's deadline (`wait_on_store`); else simply run."""
+    if not is_remote_path(root):
+        return work()
+    return wait_on_store(str(root if rel is None else root / rel), work)

@@ -31,7 +31,7 @@ def verify(dataset: Dataset, rebuild: bool = False) -> VerifyReport:
     index = dataset.index()
     segments = [(dataset.segments, source, index.schema) for source in index.files]
     frames = built_frame_segments(dataset)
-    segments += [(dataset.frames, dataset.file_fingerprint(rel), schema) for rel, schema in frames]
+    segments += [(dataset.frames, dataset.frames.file_fingerprint(rel), schema) for rel, schema in frames]
     for store, source, schema in segments:
         if not store.paths(source.path).arrow.exists():
             report.absent += 1

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from app.store.dataset import Dataset
-from app.store.segments import ProgressCallback
+from app.store.segment_builds import ProgressCallback
 
 log = logging.getLogger("episerve.cache")
 
@@ -67,7 +67,7 @@ def warm_videos(
     the cores); return how many this call built, and how many are larger than the whole video cache budget."""
     before, too_large = dataset.frames.builds, 0
     for path, schema in videos:
-        if dataset.build_frame_segment(path, schema) is None:
+        if dataset.frames.build_now(path, schema) is None:
             too_large += 1
         if on_segment is not None:
             on_segment()

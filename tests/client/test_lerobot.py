@@ -24,7 +24,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, default_collate
 
 import episerve
-from app.demo import IMAGE, TOP_CAMERA, WRIST_CAMERA
+from app.demo import IMAGE
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from episerve.lerobot import RemoteLeRobotDataset, collate
 from tests.support import ServerProcess
 from tests.video_oracle import frames_for_rows

@@ -1,0 +1,363 @@
+"""One read of one index snapshot: `ViewRead` carries what every step of a row read needs, and its methods are
+the steps (rows of segments, rows by position, camera frames, frame references, windows).
+
+Whether a read may block is decided once, before any row is read (`ViewRead.answerable_from_maps`): a read that is
+to be answered on the event loop first finds every segment it will touch mapped by this process and holds on to
+them, so none of its steps waits for a build, a map, a source file or a decoder. A read that may block builds,
+maps, reads cold or decodes whatever it needs. Should a quick read find, against its decision, that it would have
+to wait, it raises `WouldBlock` before doing so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from app.errors import InvalidInput, WouldBlock
+from app.reads.arrow_ipc import OWN_CHUNK_BYTES
+from app.reads.frame_references import reference_column
+from app.reads.frames import (
+    TIMESTAMP,
+    LocatedRows,
+    camera_windows,
+    empty_frames,
+    frame_times,
+    gather_pictures,
+    nearest_in_segment,
+    nearest_pictures,
+    places_of,
+)
+from app.reads.pending_copies import PendingCopies
+from app.reads.takes import gather_rows, project
+from app.reads.windows import DEFAULT_TOLERANCE_S, PAD_SUFFIX, WindowSpec, as_windows, pad_column, window_targets
+from app.sources.source import VideoFeature
+from app.sources.video import check_tolerance, decode_nearest_side_by_side, frame_schema
+from app.store.cold_reads import ColdRows
+from app.store.dataset import Dataset
+from app.store.episode_index import EpisodeIndex
+from app.store.mapped_segments import Segment
+from app.store.row_files import RowSource
+from app.store.views import EpisodeView
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a read answers: the frame tolerance, whether frames from decoded-frame segments may be left pending
+    (sent from the map by the encoder, see `app.reads.pending_copies`) and whether cameras may come as references
+    (see `app.reads.frame_references`)."""
+
+    tolerance_s: float = DEFAULT_TOLERANCE_S
+    defer_frames: bool = False
+    reference_frames: bool = False
+
+
+class ViewRead:
+    """One read of `view` on the `index` snapshot of `dataset`: whether it may block, what it found mapped, and the
+    frame copies it leaves `pending`."""
+
+    def __init__(self, dataset: Dataset, index: EpisodeIndex, view: EpisodeView, options: ReadOptions) -> None:
+        self.dataset, self.index, self.view, self.options = dataset, index, view, options
+        self.may_block = True
+        self.pending = PendingCopies() if options.defer_frames else None
+        self._segments: dict[int, Segment] = {}  # source file -> its segment, mapped already (a quick read's)
+        self._frame_segments: dict[str, Segment] = {}  # video file -> its decoded-frame segment, likewise
+
+    @property
+    def cameras(self) -> dict[str, VideoFeature]:
+        return self.dataset.info().videos
+
+    # -- deciding ------------------------------------------------------------------------------------------------
+
+    def answerable_from_maps(self, rows: RowsNeeded, windows: WindowSpec | None = None) -> bool:
+        """Whether the read of `rows` (and the `windows` of its non-camera columns) can be answered from segments
+        this process has mapped, within `inline_read_bytes` of copies, without waiting: decided before any row is
+        read. When it can, the read no longer may block and keeps the segments it found for its steps."""
+        quick = self._rows_mapped(rows) and self._frames_mapped(rows)
+        if quick and windows is not None:
+            lo, hi = self.view.episode_bounds(rows.positions())
+            for column, offsets in windows.offsets.items():
+                targets, _ = window_targets(rows.positions(), lo, hi, offsets)
+                needed = RowsNeeded(targets.reshape(-1), [column], budgeted=True)
+                quick = quick and column not in self.cameras and self._rows_mapped(needed)
+        self.may_block = not quick
+        return quick
+
+    def _rows_mapped(self, rows: RowsNeeded) -> bool:
+        budget = self.dataset.limits.inline_read_bytes
+        for number in rows.files(self.view):
+            segment = self._segments.get(number) or self.dataset.rows.mapped(self.index, number)
+            if segment is None or (rows.budgeted and rows.count * segment.row_bytes(rows.stored) > budget):
+                return False
+            self._segments[number] = segment
+        return True
+
+    def _frames_mapped(self, rows: RowsNeeded) -> bool:
+        """Whether the frames of the cameras `rows` asks for all lie in mapped decoded-frame segments, and those
+        that would be copied (smaller than `OWN_CHUNK_BYTES`, or none left pending) fit `inline_read_bytes`."""
+        if not rows.cameras or rows.count == 0:
+            return True
+        if self.dataset.limits.video_cache_policy == "on-demand":
+            return False
+        positions = rows.positions()
+        episodes = self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1]
+        source, copied = self.dataset.source(), 0
+        for key in rows.cameras:
+            paths = {source.episode_clip(key, int(e)).path for e in np.unique(episodes)}
+            for path in paths:
+                segment = self.dataset.frames.mapped_segment(path)
+                if segment is None:
+                    return False
+                self._frame_segments[path] = segment
+            feature = self.cameras[key]
+            frame_bytes = feature.height * feature.width * feature.channels
+            if self.pending is None or frame_bytes < OWN_CHUNK_BYTES:
+                copied += rows.count * frame_bytes
+        return copied <= self.dataset.limits.inline_read_bytes
+
+    # -- segments ------------------------------------------------------------------------------------------------
+
+    def segment(self, number: int) -> Segment:
+        """The segment of source file `number`: the one found mapped, or (when the read may block) built."""
+        segment = self._segments.get(number)
+        if segment is not None:
+            return segment
+        if not self.may_block:
+            raise WouldBlock(f"segment of {self.index.files[number].path} is not mapped")
+        return self.dataset.rows.segment(self.index, number)
+
+    def frame_segment(self, path: str, feature: VideoFeature) -> Segment | None:
+        """The decoded-frame segment of a video file, as the cache policy has it: built on first touch (budget
+        allowing), used only where `warm` built it, or never (None: decode on demand)."""
+        policy = self.dataset.limits.video_cache_policy
+        if policy == "on-demand":
+            return None
+        segment = self._frame_segments.get(path)
+        if segment is not None:
+            return segment
+        if not self.may_block:
+            raise WouldBlock(f"the decoded-frame segment of {path} is not mapped")
+        return self.dataset.frames.segment(path, frame_schema(feature), build=policy == "first-touch")
+
+    def _row_sources(self, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
+        if all(number in self._segments for number in np.unique(files).tolist()):
+            return {number: self._segments[number] for number in np.unique(files).tolist()}
+        if not self.may_block:
+            raise WouldBlock("rows of segments not mapped")
+        return self.dataset.rows.sources(self.index, files, stored)
+
+    # -- rows ----------------------------------------------------------------------------------------------------
+
+    def slice_batches(self, lo: int, hi: int, columns: list[str] | None) -> list[pa.RecordBatch]:
+        """View rows [lo, hi) of `columns` as zero-copy slices of the mapped segments."""
+        spans = list(self.view.spans(lo, hi))
+        self.dataset.ensure_fresh(self.index, {file for file, _, _ in spans})
+        return [piece for file, first, end in spans for piece in self.segment(file).slice(first, end, columns)]
+
+    def take_rows(self, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+        """View `rows` (in range) of the stored columns `names`, in that order; rows of files whose segments are
+        not built yet are read cold (see `app.reads.takes`)."""
+        located = files, stored = self.view.locate(rows)
+        touched = np.unique(files).tolist()
+        self.dataset.ensure_fresh(self.index, touched)
+        if len(rows) == 0:
+            return project(self.index.schema, names).empty_table()
+        sources = self._row_sources(files, stored)
+        cold = [number for number, source in sources.items() if not isinstance(source, Segment)]
+        try:
+            table = gather_rows(sources, located, self.index.schema, names, self._cold_take)
+        finally:
+            self.dataset.rows.queue_builds(self.index, cold)
+        if cold:
+            self.dataset.ensure_fresh(self.index, touched)  # the source files read must not have changed meanwhile
+        return table
+
+    def _cold_take(self, source: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
+        return self.dataset.rows.cold_take(self.index, source, rows, names)
+
+    # -- camera frames -------------------------------------------------------------------------------------------
+
+    def check_locatable(self) -> None:
+        """A problem unless the dataset's rows have what LeRobot's frame rule needs."""
+        if TIMESTAMP not in self.index.schema.names or not self.index.has_episode_column:
+            raise InvalidInput(
+                f"dataset {self.dataset.id!r} has no {TIMESTAMP!r} and episode columns to locate frames by"
+            )
+
+    def locate(self, rows: np.ndarray) -> LocatedRows:
+        """The episode, timestamp and frame number of each distinct one of view `rows` (not empty)."""
+        self.check_locatable()
+        unique, inverse = np.unique(rows, return_inverse=True)
+        episode_column = self.dataset.episode_column
+        located = self.take_rows(unique, [episode_column, TIMESTAMP])
+        first, _ = self.view.episode_bounds(unique)
+        return LocatedRows(
+            located[episode_column].to_numpy(),
+            located[TIMESTAMP].to_numpy().astype(np.float64),
+            unique - first,
+            inverse,
+        )
+
+    def frame_columns(
+        self, rows: np.ndarray, keys: list[str], located: LocatedRows | None = None
+    ) -> dict[str, pa.Array]:
+        """The frames of `keys` for view `rows` (any order, duplicates allowed), one column per key. Frames found
+        in decoded-frame segments are left `pending` when the read defers them (and they are at least
+        `OWN_CHUNK_BYTES` each). `located`: `rows` located already (`locate`)."""
+        self.check_locatable()
+        if len(rows) == 0:
+            return {key: empty_frames(self.cameras[key].arrow_type) for key in keys}
+        located = located if located is not None else self.locate(rows)
+        return {
+            key: pa.FixedShapeTensorArray.from_numpy_ndarray(self._frames(self.cameras[key], located)) for key in keys
+        }
+
+    def _frames(self, feature: VideoFeature, located: LocatedRows) -> np.ndarray:
+        """The frames of `feature` for the `located` rows in request order, checked against the tolerance. Each
+        frame is written once: copied from the decoded-frame segment's memory map (or left pending, to be sent from
+        the map) or converted from the decoder straight into the result."""
+        order = located.order
+        times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
+        frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
+        deferred = self.pending if len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
+        found = np.empty(len(located.episodes))
+        for path in times_of.files():
+            here = np.flatnonzero(times_of.paths == path)
+            times, back = np.unique(times_of.wanted[here], return_inverse=True)
+            picture_of_row = np.full(len(located.episodes), -1)
+            picture_of_row[here] = back
+            positions = np.flatnonzero(np.isin(order, here))
+            picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
+            segment = self.frame_segment(path, feature)
+            if segment is None:
+                if not self.may_block:
+                    raise WouldBlock("camera frames are decoded off the event loop")
+                places, root, decoders = (
+                    places_of(positions, picks, len(times)),
+                    self.dataset.path,
+                    self.dataset.decoders,
+                )
+                at = decode_nearest_side_by_side(frames, places, root, path, times, feature, decoders)
+                found[here] = at[back]
+                continue
+            pictures, batch_of, row_in_batch, at = nearest_pictures(segment, times, feature)
+            if deferred is not None:
+                places = zip(batch_of[picks].tolist(), row_in_batch[picks].tolist(), strict=True)
+                deferred.add(frames, positions, [pictures[batch][row] for batch, row in places])
+            else:
+                gather_pictures(frames, positions, pictures, batch_of[picks], row_in_batch[picks])
+            found[here] = at[back]
+        check_tolerance(
+            feature.key, located.episodes, located.frame_index, times_of.wanted, found, self.options.tolerance_s
+        )
+        return frames
+
+    def frame_references(self, feature: VideoFeature, located: LocatedRows) -> tuple[pa.Field, pa.Array] | None:
+        """The camera column of `feature` for the `located` rows as references into decoded-frame segments
+        (field and column), checked against the tolerance like pixels are; None if some frame is not in a built
+        segment (send pixels)."""
+        times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
+        segments = []
+        for path in times_of.files():
+            segment = self.frame_segment(path, feature)
+            if segment is not None and not segment.at_path():
+                # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
+                # this map holds. Map the one there now (if any).
+                self.dataset.frames.forget(segment)
+                self._frame_segments.pop(path, None)
+                segment = self.frame_segment(path, feature)
+            if segment is None or not segment.at_path():
+                return None
+            segments.append(segment)
+        found = np.empty(len(located.episodes))
+        segment_of = np.empty(len(located.episodes), dtype=np.int32)
+        row_of = np.empty(len(located.episodes), dtype=np.int64)
+        for number, (path, segment) in enumerate(zip(times_of.files(), segments, strict=True)):
+            here = np.flatnonzero(times_of.paths == path)
+            times, back = np.unique(times_of.wanted[here], return_inverse=True)
+            rows, at = nearest_in_segment(segment, times)
+            segment_of[here], row_of[here], found[here] = number, rows[back], at[back]
+        wanted, tolerance_s = times_of.wanted, self.options.tolerance_s
+        check_tolerance(feature.key, located.episodes, located.frame_index, wanted, found, tolerance_s)
+        order = located.order
+        return reference_column(feature, segments, segment_of[order], row_of[order], self.dataset.frames.cache_root)
+
+    # -- completing the stored columns ---------------------------------------------------------------------------
+
+    def complete(self, rows: np.ndarray, table: pa.Table, names: list[str] | None, spec: WindowSpec | None) -> pa.Table:
+        """The stored columns of view `rows` in `table`, completed: camera frames decoded (or left pending where
+        a decoded-frame segment holds them, or referenced there when the read asks for references), windows
+        applied, and the columns in the order asked (windows' `<column>_is_pad` masks last)."""
+        cameras = self.cameras
+        windowed = spec.offsets if spec is not None else {}
+        plain = [name for name in names or [] if name in cameras and name not in windowed]
+        located = None
+        if plain and self._references_possible(rows):
+            located = self.locate(rows)
+            for key in list(plain):
+                referenced = self.frame_references(cameras[key], located)
+                if referenced is not None:
+                    table = table.append_column(*referenced)
+                    plain.remove(key)
+        if plain:
+            for key, frames in self.frame_columns(rows, plain, located).items():
+                table = table.append_column(pa.field(key, frames.type), frames)
+        if spec is not None:
+            table = self.apply_windows(rows, table, spec)
+        order = names if names is not None else [*self.index.schema.names, *(c for c in windowed if c in cameras)]
+        pads = [column + PAD_SUFFIX for column in windowed]
+        return table.select([*order, *pads])
+
+    def _references_possible(self, rows: np.ndarray) -> bool:
+        """Whether cameras of `rows` may come as references: asked for, and frames are cached at all."""
+        return self.options.reference_frames and len(rows) > 0 and self.dataset.limits.video_cache_policy != "on-demand"
+
+    def apply_windows(self, rows: np.ndarray, table: pa.Table, spec: WindowSpec) -> pa.Table:
+        """Replace each windowed column by its windows and append the `<column>_is_pad` masks."""
+        lo, hi = self.view.episode_bounds(rows)
+        pads = []
+        cameras = self.cameras
+        for column, offsets in spec.offsets.items():
+            targets, pad = window_targets(rows, lo, hi, offsets)
+            if column in cameras:
+                values = self.frame_columns(targets.reshape(-1), [column])[column]
+                windowed = camera_windows(values, len(offsets))
+            else:
+                values = self.take_rows(targets.reshape(-1), [column])[column].combine_chunks()
+                windowed = as_windows(values, len(offsets))
+            position = table.schema.get_field_index(column)
+            if position < 0:
+                table = table.append_column(pa.field(column, windowed.type), windowed)
+            else:
+                table = table.set_column(position, pa.field(column, windowed.type), windowed)
+            pads.append((column + PAD_SUFFIX, pad_column(pad)))
+        for name, mask in pads:
+            table = table.append_column(pa.field(name, mask.type), mask)
+        return table
+
+
+@dataclass(frozen=True)
+class RowsNeeded:
+    """The rows a read will touch, as its decision sees them: view rows `[lo, hi)` or at `rows`, of the stored
+    columns `stored` (None: all) and of the `cameras` asked for; `budgeted` when their bytes are copied (a take),
+    not sent from the maps (a slice)."""
+
+    rows: np.ndarray | range
+    stored: list[str] | None
+    budgeted: bool
+    cameras: tuple[str, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+    def positions(self) -> np.ndarray:
+        rows = self.rows
+        return np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, range) else rows
+
+    def files(self, view: EpisodeView) -> list[int]:
+        """The source files holding the rows."""
+        if isinstance(self.rows, range):
+            return sorted({file for file, _, _ in view.spans(self.rows.start, self.rows.stop)})
+        return np.unique(view.locate(self.rows)[0]).tolist()

@@ -1,0 +1,88 @@
+"""The decoded-frame cache of one dataset: a segment store of its cameras' frames, one segment per video file, kept
+within the video cache budget shared by every dataset (`app.store.frame_budget`).
+
+A request that finds a video cold is answered by decoding on demand, not after decoding the whole file: its
+segment is queued to build in the background, if the budget has room for it. The fingerprint of a video file is
+remembered while the file stays unchanged (one `stat` per request instead of a read of its header).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from app.sources import SourceFingerprint
+from app.store.frame_budget import FrameBudget
+from app.store.mapped_segments import Segment, SegmentLRU
+from app.store.segment_files import estimated_segment_bytes
+from app.store.segments import SegmentStore
+
+
+class FrameCache(SegmentStore):
+    """`<cache>/frames/`: the decoded-frame segments of a dataset's video files."""
+
+    def __init__(self, directory: Path, lru: SegmentLRU, budget: FrameBudget, batch_bytes: int, verify: bool) -> None:
+        super().__init__(directory, lru, batch_bytes, verify, builder="frames")
+        self.budget = budget
+        self._fingerprints: dict[str, SourceFingerprint] = {}
+
+    @property
+    def cache_root(self) -> Path:
+        """The cache directory all datasets share (this dataset's lies in its `datasets/`)."""
+        return self.directory.parent.parent.parent
+
+    def file_fingerprint(self, rel: str) -> SourceFingerprint:
+        """The fingerprint of video file `rel`, remembered while the file stays unchanged."""
+        source = self.reader
+        assert source is not None, "the dataset's index is loaded before its frames are read"
+        known = self._fingerprints.get(rel)
+        if known is None or not source.is_unchanged(known):
+            known = self._fingerprints[rel] = source.fingerprint(rel)[0]
+        return known
+
+    def mapped_segment(self, rel: str) -> Segment | None:
+        """The decoded-frame segment of video file `rel` if this process has it mapped already."""
+        mapped = self.opened(self.file_fingerprint(rel))
+        return None if mapped is None else self._used(mapped)
+
+    def segment(self, rel: str, schema: pa.Schema, build: bool) -> Segment | None:
+        """The decoded-frame segment of video file `rel` if it is built; else None (decode on demand), and with
+        `build` its build queued in the background if the budget has room for it."""
+        source = self.file_fingerprint(rel)
+        segment = self.open_if_built(source, schema)
+        if segment is None:
+            if build and not self.queued(rel) and self._admit(source, schema):
+                self.build_in_background(source, schema)
+            return None
+        return self._used(segment)
+
+    def build_now(self, rel: str, schema: pa.Schema) -> Segment | None:
+        """The decoded-frame segment of video file `rel`, built now if it is not (None if it is larger than the
+        whole budget)."""
+        source = self.file_fingerprint(rel)
+        segment = self.open_if_built(source, schema)
+        if segment is None:
+            if not self._admit(source, schema):
+                return None
+            segment = self.open(source, schema)
+        return self._used(segment)
+
+    def forget(self, segment: Segment) -> None:
+        """Unmap a decoded-frame segment this process holds (e.g. one evicted or rebuilt by another process since),
+        so the next request maps the file now at its path."""
+        self.lru.discard(str(segment.path))
+
+    def status(self) -> dict[str, Any]:
+        """Segments built, their bytes, and the budget."""
+        sizes = self.published_sizes()
+        return {"built": len(sizes), "bytes": sum(sizes), "budget_bytes": self.budget.limit}
+
+    def _admit(self, source: SourceFingerprint, schema: pa.Schema) -> bool:
+        """Make room in the budget for the decoded-frame segment of `source` (False: it never fits)."""
+        return self.budget.admit(self.paths(source.path).arrow, estimated_segment_bytes(schema, source.rows))
+
+    def _used(self, segment: Segment) -> Segment:
+        self.budget.touch(self.paths(segment.source.path).arrow)
+        return segment
