@@ -8,10 +8,9 @@ from fastapi import APIRouter, Depends
 
 from app.api.deps import get_catalog, get_settings
 from app.api.problems import problem_responses
-from app.reads.mixtures import describe_mixture
+from app.reads.catalog import Catalog
+from app.reads.mixtures import describe_mixture, load_mixture, mixture_ids
 from app.settings import Settings
-from app.store.catalog import Catalog
-from app.store.mixtures import load_mixture, mixture_ids
 
 router = APIRouter(tags=["mixtures"])
 

@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.reads.catalog import Catalog
 from app.reads.episode_spec import parse_episode_spec, resolve_episodes
-from app.store.catalog import Catalog
-from app.store.mixtures import MixtureDocument
+from app.store.mixtures import MixtureDocument, load_mixture, mixture_ids
+
+__all__ = ["describe_mixture", "load_mixture", "mixture_ids"]
 
 _MAX_SPEC_CHARS = 1_000_000
 
