@@ -72,6 +72,8 @@ def write_demo_dataset(
     files: int | None = None,
     cameras: Mapping[str, tuple[int, int]] | None = DEFAULT_CAMERAS,
     video_files: int | None = None,
+    joints: int = len(JOINT_NAMES),
+    fps: int = FPS,
 ) -> Path:
     """Write a demo dataset into directory `out` (created; must be empty or absent) and return `out`.
 
@@ -80,7 +82,9 @@ def write_demo_dataset(
     `cameras` maps video feature keys to (height, width), both even, with room for the frame label's 32 cells of
     8x8 pixels (e.g. 32x64; see `app.demo_video.camera_frames`); `None` or `{}` writes no videos. v3.0 packs each
     camera's episodes into `video_files` mp4 files (default about one per 80 episodes; independent of the data
-    files); v2.1 writes one mp4 per episode and camera.
+    files); v2.1 writes one mp4 per episode and camera. `joints` is the width of the state and action vectors (a
+    robot with another arm: more joints than the six named ones are called `joint_6`, `joint_7`...); `fps` the frame
+    rate of the recording (timestamps and videos).
     `meta/info.json` is written last, so its presence marks a complete dataset.
     Raises ValueError for an unknown format, episodes < 1, image_size < 1, files < 1, video_files < 1, a camera
     that cannot be encoded, or a non-empty `out`.
@@ -89,7 +93,7 @@ def write_demo_dataset(
     _validate_arguments(format, episodes, image_size, files, video_files)
     cameras_recorded = recorded_cameras(cameras)
     _prepare_empty_dir(out)
-    plan = make_plan(episodes, seed, image_size, cameras_recorded)
+    plan = make_plan(episodes, seed, image_size, cameras_recorded, joints, fps)
     if format == "v3.0":
         n_files = min(files if files is not None else math.ceil(episodes / EPISODES_PER_FILE), episodes)
         n_video_files = min(video_files or math.ceil(episodes / VIDEO_EPISODES_PER_FILE), episodes)
@@ -166,22 +170,24 @@ def _is_complete(path: Path) -> bool:
 # Metadata and format writers
 
 
-def _features(image_size: int, cameras: tuple[Camera, ...]) -> dict[str, dict[str, Any]]:
+def _features(
+    image_size: int, cameras: tuple[Camera, ...], joints: tuple[str, ...], fps: int
+) -> dict[str, dict[str, Any]]:
     """info.json `features`, in data-file column order; cameras (no data column) follow the image column."""
-    vector = {"dtype": "float32", "shape": [len(JOINT_NAMES)]}
+    vector = {"dtype": "float32", "shape": [len(joints)]}
     image = {"dtype": "image", "shape": [image_size, image_size, 3], "names": ["height", "width", "channels"]}
     scalar_dtypes = {"timestamp": "float32", **{name: "int64" for name in STANDARD_COLUMNS[1:]}}
     return {
-        STATE: {**vector, "names": list(JOINT_NAMES)},
-        ACTION: {**vector, "names": list(JOINT_NAMES)},
+        STATE: {**vector, "names": list(joints)},
+        ACTION: {**vector, "names": list(joints)},
         IMAGE: image,
-        **{camera.key: demo_video.video_feature(camera, FPS) for camera in cameras},
+        **{camera.key: demo_video.video_feature(camera, fps) for camera in cameras},
         **{name: {"dtype": dtype, "shape": [1], "names": None} for name, dtype in scalar_dtypes.items()},
     }
 
 
 def _write_v30(out: Path, plan: Plan, n_files: int, n_video_files: int) -> None:
-    schema = data_schema()
+    schema = data_schema(len(plan.joints))
     aggregate = StatsAggregate()
     episode_rows: list[dict[str, Any]] = []
     writer: pq.ParquetWriter | None = None
@@ -240,7 +246,7 @@ def _v30_episode_row(
 
 
 def _write_v21(out: Path, plan: Plan) -> None:
-    schema = data_schema()
+    schema = data_schema(len(plan.joints))
     meta = out / "meta"
     meta.mkdir(parents=True, exist_ok=True)
     with (
@@ -286,11 +292,11 @@ def _info(plan: Plan, format: str) -> dict[str, Any]:
         }
         data_path, video_path = V21_DATA_PATH, V21_VIDEO_PATH
     return info | {
-        "fps": FPS,
+        "fps": plan.fps,
         "splits": {"train": f"0:{plan.episodes}"},
         "data_path": data_path,
         "video_path": video_path if plan.cameras else None,
-        "features": _features(plan.image_size, plan.cameras),
+        "features": _features(plan.image_size, plan.cameras, plan.joints, plan.fps),
     }
 
 

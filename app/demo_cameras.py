@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from app import demo_video
-from app.demo_tables import CHUNKS_SIZE, FEATURE_ORDER, FPS, Episode, Plan, Stats, image_stats, iter_episodes
+from app.demo_tables import CHUNKS_SIZE, FEATURE_ORDER, Episode, Plan, Stats, image_stats, iter_episodes
 from app.demo_video import Camera
 
 TOP_CAMERA, WRIST_CAMERA = "observation.images.top", "observation.images.wrist"
@@ -53,7 +53,7 @@ def iter_recorded_episodes(plan: Plan) -> Iterator[tuple[Episode, dict[str, Epis
     pending: deque[tuple[Episode, dict[str, Future[EpisodeVideo]]]] = deque()
     with ThreadPoolExecutor(_ENCODE_WORKERS, thread_name_prefix="demo-video") as pool:
         for episode in iter_episodes(plan):
-            jobs = {camera.key: pool.submit(_record_video, camera, episode) for camera in plan.cameras}
+            jobs = {camera.key: pool.submit(_record_video, camera, episode, plan.fps) for camera in plan.cameras}
             pending.append((episode, jobs))
             if len(pending) > 2 * _ENCODE_WORKERS:
                 done, jobs = pending.popleft()
@@ -63,9 +63,9 @@ def iter_recorded_episodes(plan: Plan) -> Iterator[tuple[Episode, dict[str, Epis
             yield done, {key: job.result() for key, job in jobs.items()}
 
 
-def _record_video(camera: Camera, episode: Episode) -> EpisodeVideo:
+def _record_video(camera: Camera, episode: Episode, fps: int) -> EpisodeVideo:
     frames = demo_video.camera_frames(camera, episode.index, episode.columns["frame_index"])
-    return EpisodeVideo(demo_video.encode_episode(frames, FPS), image_stats(frames))
+    return EpisodeVideo(demo_video.encode_episode(frames, fps), image_stats(frames))
 
 
 class V30Videos:

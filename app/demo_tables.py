@@ -37,6 +37,8 @@ class Plan:
     seed: int
     image_size: int
     cameras: tuple[Camera, ...]
+    joints: tuple[str, ...]  # names of the state/action dimensions
+    fps: int
     lengths: np.ndarray  # int64, one per episode
     starts: np.ndarray  # global `index` of each episode's first frame
     task_index: np.ndarray  # int64, one per episode
@@ -68,7 +70,16 @@ class Episode:
         return int(self.columns["index"][0])
 
 
-def make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera, ...]) -> Plan:
+def make_plan(
+    episodes: int,
+    seed: int,
+    image_size: int,
+    cameras: tuple[Camera, ...],
+    joints: int = len(JOINT_NAMES),
+    fps: int = FPS,
+) -> Plan:
+    if joints < 1 or fps < 1:
+        raise ValueError(f"joints and fps must be at least 1, got {joints} and {fps}")
     rng = np.random.default_rng(seed)
     lengths = rng.integers(MIN_LENGTH, MAX_LENGTH + 1, size=episodes, dtype=np.int64)
     if episodes >= 10:
@@ -82,6 +93,8 @@ def make_plan(episodes: int, seed: int, image_size: int, cameras: tuple[Camera, 
         seed=seed,
         image_size=image_size,
         cameras=cameras,
+        joints=tuple(JOINT_NAMES[i] if i < len(JOINT_NAMES) else f"joint_{i}" for i in range(joints)),
+        fps=fps,
         lengths=lengths,
         starts=starts,
         task_index=np.array([remap[c] for c in choices], dtype=np.int64),
@@ -98,8 +111,8 @@ def make_episode(plan: Plan, episode: int) -> Episode:
     rng = np.random.default_rng([plan.seed, episode])
     length = int(plan.lengths[episode])
     frame_index = np.arange(length, dtype=np.int64)
-    seconds = frame_index / FPS
-    state, action = _trajectories(rng, seconds)
+    seconds = frame_index / plan.fps
+    state, action = _trajectories(rng, seconds, len(plan.joints), plan.fps)
     columns = {
         STATE: state,
         ACTION: action,
@@ -113,16 +126,17 @@ def make_episode(plan: Plan, episode: int) -> Episode:
     return Episode(episode, columns, pixels)
 
 
-def _trajectories(rng: np.random.Generator, seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _trajectories(
+    rng: np.random.Generator, seconds: np.ndarray, joints: int, fps: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Smooth joint positions in degrees; the action leads the state by one frame, like a position target."""
-    joints = len(JOINT_NAMES)
     offset = rng.uniform(-30.0, 30.0, joints)
     amplitude = rng.uniform(5.0, 45.0, joints)
     frequency = rng.uniform(0.1, 0.6, joints)
     phase = rng.uniform(0.0, 2 * np.pi, joints)
     angle = 2 * np.pi * frequency * seconds[:, None] + phase
     state = offset + amplitude * np.sin(angle)
-    action = offset + amplitude * np.sin(angle + 2 * np.pi * frequency / FPS)
+    action = offset + amplitude * np.sin(angle + 2 * np.pi * frequency / fps)
     return state.astype(np.float32), action.astype(np.float32)
 
 
@@ -152,8 +166,8 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
-def data_schema() -> pa.Schema:
-    vector = pa.list_(pa.float32(), len(JOINT_NAMES))
+def data_schema(joints: int = len(JOINT_NAMES)) -> pa.Schema:
+    vector = pa.list_(pa.float32(), joints)
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     fields = [
         pa.field(STATE, vector),
@@ -162,16 +176,16 @@ def data_schema() -> pa.Schema:
         pa.field("timestamp", pa.float32()),
         *(pa.field(name, pa.int64()) for name in STANDARD_COLUMNS[1:]),
     ]
-    return pa.schema(fields, metadata={"huggingface": json.dumps(_huggingface_features())})
+    return pa.schema(fields, metadata={"huggingface": json.dumps(_huggingface_features(joints))})
 
 
-def _huggingface_features() -> dict[str, Any]:
+def _huggingface_features(joints: int) -> dict[str, Any]:
     """The HF `datasets` Features JSON that LeRobot data files carry as schema metadata."""
 
     def value(dtype: str) -> dict[str, str]:
         return {"dtype": dtype, "_type": "Value"}
 
-    vector = {"feature": value("float32"), "length": len(JOINT_NAMES), "_type": "Sequence"}
+    vector = {"feature": value("float32"), "length": joints, "_type": "Sequence"}
     return {
         "info": {
             "features": {

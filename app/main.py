@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
-from app.api import cache, datasets, health, rows
+from app.api import cache, datasets, health, mixtures, rows
 from app.api.deps import bound_store_waits
 from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
@@ -91,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(rows.router, dependencies=protected, responses=guarded)
     app.include_router(cache.router, dependencies=protected, responses=guarded)
     app.include_router(datasets.router, dependencies=protected, responses=guarded)
+    app.include_router(mixtures.router, dependencies=protected, responses=guarded)
     return app
 
 

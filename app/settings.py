@@ -28,6 +28,11 @@ class Settings(BaseSettings):
         "in the environment). Empty: serve the demo dataset.",
     )
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Where segment caches live.")
+    mixtures_dir: Path | None = Field(
+        None,
+        description="A directory of named mixtures, one JSON (or YAML, with PyYAML) document each: "
+        "`<id>.json` is mixture `<id>` at /mixtures/<id>. Unset: no named mixtures.",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=256)

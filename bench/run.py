@@ -51,12 +51,20 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         p9_camera,
         p10_lerobot,
         p11_object_store,
+        p12_mixture,
+        p13_resume,
         p15_lerobot_train,
     )
 
     cold = {"P6": p6_build.run, "P8": p8_cold.run, "P11": p11_object_store.run, "P4": p4_disk.run}
     warm = {"P5": p5_memory.run, "P1": p1_stream.run, "P2": p2_take.run, "P3": p3_loader.run, "P7": p7_windows.run}
-    own = {"P9": p9_camera.run, "P10": p10_lerobot.run, "P15": p15_lerobot_train.run}
+    own = {
+        "P9": p9_camera.run,
+        "P10": p10_lerobot.run,
+        "P12": p12_mixture.run,
+        "P13": p13_resume.run,
+        "P15": p15_lerobot_train.run,
+    }
     return cold, warm, own
 
 

@@ -243,6 +243,22 @@ def test_catalog_lists_every_dataset_with_its_cameras_and_cache(page: Any, viewe
         assert re.fullmatch(r"\d+/\d+ segments, \d+ frame segments", cells[6]), cells[6]
 
 
+def test_catalog_lists_the_named_mixtures_with_their_shares(
+    page: Any, video_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    named = tmp_path_factory.mktemp("viewer-mixtures")
+    components = [{"dataset": "cams-v3", "weight": 3}, {"dataset": "cams-v21", "episodes": "0-3"}]
+    (named / "both.json").write_text(json.dumps({"components": components}))
+    environment = {"EPISERVE_MIXTURES_DIR": str(named)}
+    with ServerProcess([video_root], tmp_path_factory.mktemp("viewer-mixture-cache"), env=environment) as server:
+        open_viewer(page, server)
+        described = httpx.get(f"{server.url}/mixtures/both").json()
+        cells = page.locator("#mixtures tbody tr").first.locator("td").all_inner_texts()
+    assert cells[0] == "both" and cells[3] == described["version"]
+    assert f"cams-v3 {TIMES}3: 75.0 %" in cells[1] and f"cams-v21 {TIMES}1: 25.0 %, episodes 0-3" in cells[1]
+    assert cells[2] == f"{sum(c['rows'] for c in described['components']):,}"
+
+
 def test_episode_list_filters_by_task_and_length(page: Any, viewer_server: ServerProcess) -> None:
     open_viewer(page, viewer_server, "#dataset=cams-v3")
     episodes = httpx.get(f"{viewer_server.url}/datasets/cams-v3/episodes").json()["episodes"]

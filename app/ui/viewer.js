@@ -333,6 +333,7 @@
       rows.set(dataset.id, [cell(row, "…", "muted"), cell(row, "…", "muted")]);
     }
     if (!body.datasets.length) showMessage("This server serves no datasets.", "info");
+    await showMixtures();
     viewer.ready = true;
     // Cameras and cache state come with each dataset's description: a few requests at a time.
     const queue = [...rows.keys()];
@@ -351,6 +352,37 @@
       }
     };
     await Promise.all([worker(), worker(), worker(), worker()]);
+  }
+
+  /** The server's named mixtures under the datasets: each component with its weight and share of an epoch. */
+  async function showMixtures() {
+    const section = $("mixtures-section");
+    let body;
+    try {
+      body = await api("mixtures");
+    } catch (error) {
+      section.hidden = true; // a server without mixtures (or an older one): nothing to list
+      return;
+    }
+    const tbody = $("mixtures").tBodies[0];
+    tbody.replaceChildren();
+    for (const mixture of body.mixtures) {
+      const row = tbody.insertRow();
+      row.dataset.id = mixture.id;
+      cell(row, mixture.id);
+      const list = cell(row, "");
+      for (const component of mixture.components) {
+        const item = document.createElement("div");
+        const share = `${(100 * component.share).toFixed(1)} %`;
+        const pick = component.episodes ? `, episodes ${component.episodes}` : "";
+        item.append(link(component.dataset, hashFor({ dataset: component.dataset })));
+        item.append(` ×${component.weight}: ${share}${pick}`);
+        list.append(item);
+      }
+      cell(row, number(mixture.components.reduce((sum, component) => sum + component.rows, 0)), "number");
+      cell(row, mixture.version);
+    }
+    section.hidden = body.mixtures.length === 0;
   }
 
   async function showDataset(id) {

@@ -2,7 +2,8 @@
 
 `Client` speaks the HTTP API and returns `pyarrow.Table`s. `EpisodeDataset` (map-style, one request per batch)
 and `EpisodeIterableDataset` (streamed chunks, sharded and resumable) feed a torch `DataLoader`; `collate` is the
-`collate_fn` that passes their batches through whole.
+`collate_fn` that passes their batches through whole. A `Mixture` of weighted datasets is read as one by
+`MixtureDataset` and `MixtureIterableDataset` (or wherever a dataset id is accepted).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from episerve._errors import (
     Unauthorized,
     Unavailable,
 )
+from episerve._mixture import Component, Mixture, MixtureError
+from episerve._plan import MixturePlan
 from episerve._retry import Retries
 from episerve._selection import Pages, Selection
 from episerve._tensor_batch import TensorBatch
@@ -28,15 +31,24 @@ from episerve._tensor_batch import TensorBatch
 if TYPE_CHECKING:
     from episerve._dataset import EpisodeDataset
     from episerve._iterable import EpisodeIterableDataset
+    from episerve._mixture_dataset import MixtureDataset, MixtureSampler
+    from episerve._mixture_iterable import MixtureIterableDataset
 
 __all__ = [
     "Batch",
     "Client",
+    "Component",
     "ConnectionFailed",
     "EpiserveError",
     "EpisodeDataset",
     "EpisodeIterableDataset",
     "InvalidRequest",
+    "Mixture",
+    "MixtureDataset",
+    "MixtureError",
+    "MixtureIterableDataset",
+    "MixturePlan",
+    "MixtureSampler",
     "NotFound",
     "Pages",
     "Retries",
@@ -62,7 +74,13 @@ for _name in __all__:
     if _name in globals():
         _public(globals()[_name])
 
-_LAZY = {"EpisodeDataset": "episerve._dataset", "EpisodeIterableDataset": "episerve._iterable"}
+_LAZY = {
+    "EpisodeDataset": "episerve._dataset",
+    "EpisodeIterableDataset": "episerve._iterable",
+    "MixtureDataset": "episerve._mixture_dataset",
+    "MixtureSampler": "episerve._mixture_dataset",
+    "MixtureIterableDataset": "episerve._mixture_iterable",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -112,6 +112,16 @@ class Client:
         """The dataset's feature statistics as LeRobot loads them, `{feature: {stat: values}}` (None without any)."""
         return self._json("GET", _path(dataset_id, "/stats"))["stats"]
 
+    def mixtures(self) -> list[dict[str, Any]]:
+        """The server's named mixtures: one dict per mixture with `id`, `components` (each with `dataset`, `weight`,
+        `share`, `rows`, `dataset_version` and its `episodes` and `features` if any) and `version`."""
+        return self._json("GET", "/mixtures")["mixtures"]
+
+    def mixture(self, mixture_id: str) -> dict[str, Any]:
+        """One named mixture as `mixtures()` describes it; `episerve.Mixture.named(client, id)` makes it a
+        `Mixture`."""
+        return self._json("GET", "/mixtures/" + quote(mixture_id, safe="/"))
+
     def cache_status(self, dataset_id: str) -> dict[str, Any]:
         """The dataset's cache on the server: segments built and total, bytes, builds in progress, warm-up job."""
         return self._json("GET", _path(dataset_id, "/cache"))

@@ -12,6 +12,7 @@ from episerve._client import Client, connect
 from episerve._collate import Batch
 from episerve._columns import table_columns
 from episerve._episodes import Episodes
+from episerve._mixture import Mixture
 from episerve._outputs import Formatter, Output, formatter
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps, Selection
@@ -41,7 +42,17 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
 
     Creating the dataset makes one small request (the view length, which also validates the dataset, episodes and
     columns); it pickles without its connections, so DataLoader workers open their own.
+
+    Given an `episerve.Mixture` instead of a dataset id, it makes a `MixtureDataset` with the same arguments.
     """
+
+    def __new__(cls, url: Any = None, dataset_id: Any = None, *args: Any, **kwargs: Any) -> Any:
+        mixture = kwargs.pop("dataset_id", dataset_id)
+        if cls is EpisodeDataset and isinstance(mixture, Mixture):
+            from episerve._mixture_dataset import mixture_dataset
+
+            return mixture_dataset(url, mixture, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

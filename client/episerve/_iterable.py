@@ -20,21 +20,17 @@ from episerve._client import Client, connect
 from episerve._columns import Column, Columns, table_columns
 from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
+from episerve._mixture import Mixture
 from episerve._outputs import Output, formatter
+from episerve._ranks import rank_and_world, worker_info
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps, Selection
 from episerve._sharding import EpochPlan, delivered_per_worker
 
 try:
-    import torch.distributed as _distributed
     from torch.utils.data import IterableDataset as _Base
-    from torch.utils.data import get_worker_info as _worker_info
 except ImportError:  # numpy-only installs
     _Base = object  # type: ignore[assignment,misc]
-    _distributed = None  # type: ignore[assignment]
-
-    def _worker_info() -> Any:
-        return None
 
 
 _STATE_KEYS = ("total_rows", "chunk_rows", "batch_size", "shuffle", "seed", "rank", "world_size")
@@ -55,7 +51,18 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
 
     `state_dict(consumed)` / `load_state_dict(state)` resume an epoch with exactly the rows not yet delivered.
     The resumed run must use the same seed, chunk_rows, batch_size, rank, world_size and number of workers.
+
+    Given an `episerve.Mixture` instead of a dataset id, it makes a `MixtureIterableDataset` with the same
+    arguments (which resumes on any world size, worker count or batch).
     """
+
+    def __new__(cls, url: Any = None, dataset_id: Any = None, *args: Any, **kwargs: Any) -> Any:
+        mixture = kwargs.pop("dataset_id", dataset_id)
+        if cls is EpisodeIterableDataset and isinstance(mixture, Mixture):
+            from episerve._mixture_iterable import mixture_iterable
+
+            return mixture_iterable(url, mixture, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -89,7 +96,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         self.prefetch = prefetch
         self.decode_images = decode_images
         self.transform = transform
@@ -152,7 +159,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         self._progress = None
 
     def __iter__(self) -> Iterator[Any]:
-        info = _worker_info()
+        info = worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         plan = self._plan()
         skip = 0
@@ -304,14 +311,3 @@ def _concatenate(parts: list[Column]) -> Column:
     if isinstance(parts[0], DeferredBlobs):
         return DeferredBlobs.concatenate(parts)
     return np.concatenate(parts)
-
-
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    distributed = _distributed is not None and _distributed.is_available() and _distributed.is_initialized()
-    if rank is None and world_size is None and distributed:
-        return _distributed.get_rank(), _distributed.get_world_size()
-    rank = 0 if rank is None else rank
-    world_size = 1 if world_size is None else world_size
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-    return rank, world_size

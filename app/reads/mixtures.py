@@ -1,0 +1,42 @@
+"""JSON descriptions of named mixtures (plain dicts, no HTTP): components, shares, and a version that changes
+whenever the document or any component's data does."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app.reads.catalog import Catalog
+from app.reads.episode_spec import parse_episode_spec, resolve_episodes
+from app.store.mixtures import MixtureDocument, load_mixture, mixture_ids
+
+__all__ = ["describe_mixture", "load_mixture", "mixture_ids"]
+
+_MAX_SPEC_CHARS = 1_000_000
+
+
+def describe_mixture(catalog: Catalog, mixture_id: str, document: MixtureDocument) -> dict[str, Any]:
+    """The document, and per component its share of every epoch (`weight / sum(weights)`), the rows of its view
+    and its dataset's version; `version` digests all of it."""
+    total = sum(component.weight for component in document.components)
+    components = []
+    for component in document.components:
+        dataset = catalog.get(component.dataset)
+        index = dataset.index()
+        rows = index.total_rows
+        if component.episodes is not None:
+            picked = resolve_episodes(parse_episode_spec(component.episodes, _MAX_SPEC_CHARS), index.episodes)
+            rows = int(index.episode_lengths[np.searchsorted(index.episodes, picked)].sum())
+        components.append(
+            {
+                **component.model_dump(exclude_none=True),
+                "share": component.weight / total,
+                "rows": rows,
+                "dataset_version": index.digest,
+            }
+        )
+    version = hashlib.sha256(orjson.dumps(components, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    return {"id": mixture_id, "components": components, "version": version}
