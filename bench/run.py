@@ -5,8 +5,9 @@
 Steps: generate (or reuse) the datasets in the work dir; convert them once for the peers (an Arrow IPC file for
 the mmap and Flight peers, the HF `datasets` cache); run the cold-cache figures (P6, P8, P4), each with its own
 empty caches; start the warm episerve server (2 workers), the Flight peer and the loopback ceiling; run the warm
-figures (P5, P1, P2, P3, P7); run the camera figures (P9, and P10 on the same datasets), which generate their own
-AV1 datasets and start their own servers; print the table and write it to `bench/results/<date>-<mode>.md`.
+figures (P5, P1, P2, P3, P7); run the camera figures (P9, and P10 on the same datasets) and the sharing figure
+(P14), which generate their own datasets and start their own servers; print the table and write it to
+`bench/results/<date>-<mode>.md`.
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         p9_camera,
         p10_lerobot,
         p11_object_store,
+        p14_sharing,
     )
 
     cold = {"P6": p6_build.run, "P8": p8_cold.run, "P11": p11_object_store.run, "P4": p4_disk.run}
     warm = {"P5": p5_memory.run, "P1": p1_stream.run, "P2": p2_take.run, "P3": p3_loader.run, "P7": p7_windows.run}
-    own = {"P9": p9_camera.run, "P10": p10_lerobot.run}
+    own = {"P9": p9_camera.run, "P10": p10_lerobot.run, "P14": p14_sharing.run}
     return cold, warm, own
 
 
