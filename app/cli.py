@@ -12,7 +12,6 @@ import functools
 import os
 import shlex
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -49,7 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     verify = commands.add_parser(
-        "verify", help="check episode indexes against the sources and cached segments against their checksums"
+        "verify",
+        help="check episode indexes against the sources and cached segments against their checksums",
+        epilog="exit status (as fsck's): 0 nothing wrong; 1 damage found and all of it repaired; 2 damage left "
+        "(segments without --rebuild, a dataset that could not be verified) or a usage error",
     )
     _add_location_flags(verify)
     verify.add_argument("dataset", nargs="?", help="dataset id (default: every dataset)")
@@ -176,13 +178,15 @@ def serve_command(dataset_dir: Path) -> str:
 
 def _serve(settings: Settings) -> int:
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
 
     from app.api.http_protocol import BoundedHttpToolsProtocol, HeadLimits
+    from app.logs import configure_logging
+    from app.supervisor import Supervisor
 
-    # uvicorn re-raises SIGTERM once it has shut down; exiting through SystemExit lets `finally` clean up.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    configure_logging(settings.log_level, settings.log_format)  # the supervisor's own lines
     try:
-        uvicorn.run(
+        config = uvicorn.Config(
             "app.main:app_from_environment",
             factory=True,
             host=settings.host,
@@ -198,9 +202,13 @@ def _serve(settings: Settings) -> int:
             loop="uvloop",
             timeout_graceful_shutdown=5,
         )
+        # Workers are child processes even when there is one: a worker killed (SIGBUS on a truncated mapped file,
+        # the OOM killer) is logged with its cause and replaced, and the service goes on (`app.supervisor`).
+        supervisor = Supervisor(config, sockets=[config.bind_socket()])
+        supervisor.run()
     finally:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
-    return 0
+    return STARTUP_FAILURE if supervisor.failed_to_start else 0
 
 
 def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
@@ -277,7 +285,7 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
         print(f"episerve-server verify: {unknown_dataset(catalog, args.dataset)}", file=sys.stderr)
         return 2
     ids = [args.dataset] if args.dataset else catalog.ids()
-    damaged_left = 0
+    damaged_left = damage_found = 0
     for dataset_id in ids:
         try:
             report = verify(catalog.get(dataset_id), rebuild=args.rebuild)
@@ -285,6 +293,7 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
             print(f"{dataset_id}: cannot verify: {exc.detail}", file=sys.stderr)
             damaged_left += 1
             continue
+        damage_found += len(report.damaged) + (report.index_problem is not None)
         print(
             f"{dataset_id}: {report.checked} segments checked, {report.absent} not built, {len(report.damaged)} damaged"
         )
@@ -294,7 +303,14 @@ def _verify(catalog: Catalog, args: argparse.Namespace) -> int:
             action = "rebuilt" if source in report.rebuilt else "NOT rebuilt (use --rebuild)"
             print(f"  {source}: {problem} -> {action}")
         damaged_left += len(report.damaged) - len(report.rebuilt)
-    return 1 if damaged_left else 0
+    return VERIFY_DAMAGE_LEFT if damaged_left else VERIFY_DAMAGE_REPAIRED if damage_found else 0
+
+
+# `verify`'s exit status, as fsck's: 0 nothing wrong; 1 damage found and all of it repaired (a damaged index.json
+# is always rebuilt; damaged segments with --rebuild); 2 damage left (segments without --rebuild, a dataset that
+# could not be verified), as for a usage error (an unknown dataset id, a bad flag).
+VERIFY_DAMAGE_REPAIRED = 1
+VERIFY_DAMAGE_LEFT = 2
 
 
 def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ what the client sees; these are named after what the server found."""
 
 from __future__ import annotations
 
+import re
+
 
 class ProblemError(Exception):
     """Base of every error the server reports to a client: `status`, `title` and a `detail` saying what was
@@ -27,6 +29,22 @@ class ProblemError(Exception):
             self.title = ""  # the status's own phrase
         self.headers = headers
         self.limit = limit
+
+    def public_detail(self) -> str:
+        """`detail` as a client gets it: in a server-side error (5xx), absolute paths of the server's files are cut
+        to their last two components (`.../meta/info.json`); the server's log keeps them whole."""
+        if self.status < 500:
+            return self.detail
+        return _ABSOLUTE_PATH.sub(_shortened, self.detail)
+
+
+# An absolute POSIX path: a `/` that does not continue a word, a URL (`s3://`, `http://`) or a relative path.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/[^\s'\"`:;,()<>\[\]{}]+")
+
+
+def _shortened(match: re.Match[str]) -> str:
+    parts = [part for part in match.group(0).split("/") if part]
+    return ".../" + "/".join(parts[-2:])
 
 
 class InvalidInput(ProblemError):

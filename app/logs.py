@@ -1,7 +1,8 @@
 """Logging setup: plain text or one JSON object per line (`EPISERVE_LOG_FORMAT=json`).
 
 Every text line is one record: control characters in a message (a request path may carry a decoded `%0a`) are
-escaped, so a client cannot forge or split log lines, nor send terminal escape sequences to an operator's screen.
+escaped, so a client cannot forge or split log lines, nor send terminal escape sequences to an operator's screen;
+so are Unicode format characters (U+202E would reorder what an operator reads), in JSON lines too.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import unicodedata
 
 import orjson
 
@@ -23,8 +25,22 @@ _ESCAPES = {
 
 
 def escape_control(text: str) -> str:
-    """`text` with C0/C1 control characters, DEL and Unicode line separators written as escapes (`\\n`, `\\x1b`)."""
-    return text.translate(_ESCAPES)
+    """`text` with C0/C1 control characters, DEL, Unicode line separators and every Unicode format character
+    (category Cf: bidirectional overrides such as U+202E, zero-width characters, the BOM...) written as escapes
+    (`\\n`, `\\x1b`, `\\u202e`): what a log line says is what an operator sees."""
+    return escape_format(text.translate(_ESCAPES))
+
+
+def escape_format(text: str) -> str:
+    """`text` with every Unicode format character (category Cf) written as an escape (`\\u202e`)."""
+    if text.isascii():  # no format character is ASCII: the usual case costs one scan
+        return text
+    return "".join(_escaped(c) if unicodedata.category(c) == "Cf" else c for c in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 class TextFormatter(logging.Formatter):
@@ -43,9 +59,15 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": escape_format(record.getMessage()),
         }
-        document.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in _DROPPED})
+        document.update(
+            {
+                k: escape_format(v) if isinstance(v, str) else v
+                for k, v in record.__dict__.items()
+                if k not in _STANDARD and k not in _DROPPED
+            }
+        )
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(document, default=str).decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def app_from_environment() -> FastAPI:
     """Factory for `uvicorn --factory`: settings from `EPISERVE_*` variables (each worker calls it)."""
+    faulthandler.enable(all_threads=True)  # a fatal signal (SIGBUS, SIGSEGV) logs every thread's traceback
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
     return create_app(settings)

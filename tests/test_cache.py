@@ -382,7 +382,7 @@ def test_tampered_index_is_discarded_rebuilt_and_reported_by_verify(tmp_path: Pa
 
     _tamper_with_index(cache, (10, 11), fix_checksum)
     report = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
-    assert report.returncode == 0, report.stderr
+    assert report.returncode == 1, report.stderr  # damage found, and repaired: the index is always rebuilt
     if fix_checksum:  # only the sources tell
         assert "index.json: it has episode 10 at rows" in report.stdout
         assert "where the sources say episode 10 at rows" in report.stdout
@@ -390,7 +390,7 @@ def test_tampered_index_is_discarded_rebuilt_and_reported_by_verify(tmp_path: Pa
         assert "index.json: its checksum does not match its content -> rebuilt" in report.stdout
     assert "-> rebuilt" in report.stdout
     clean = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
-    assert "index.json" not in clean.stdout
+    assert clean.returncode == 0 and "index.json" not in clean.stdout
 
 
 def test_tampered_index_of_a_generic_dataset_is_found_by_verify_and_never_served_after(tmp_path: Path) -> None:
@@ -406,6 +406,7 @@ def test_tampered_index_of_a_generic_dataset_is_found_by_verify_and_never_served
 
     _tamper_with_index(cache, (1, 7), fix_checksum=True)  # consistent on its face: only the sources tell
     report = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
+    assert report.returncode == 1, report.stderr
     assert "generic: " in report.stdout and "index.json: it has episode" in report.stdout
     assert "where the sources say" in report.stdout and "-> rebuilt" in report.stdout
     served = read_slice(make_catalog(root, cache).get("generic"), [(1, 1), (7, 7)], 0, None, None, 10**9)

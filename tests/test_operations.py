@@ -179,11 +179,11 @@ def test_verify_detects_damage_and_rebuilds_and_server_never_serves_it(
     # the server rebuilt it; damage it again for verify
     segment.write_bytes(bytes(data))
     report = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
-    assert report.returncode == 1
+    assert report.returncode == 2  # damage left
     assert "1 damaged" in report.stdout and "NOT rebuilt" in report.stdout
     assert ("checksum" if damage == "flip" else "size") in report.stdout
     repaired = run_cli("verify", "demo", "--rebuild", "--root", str(demo_root), "--cache-dir", str(cache))
-    assert repaired.returncode == 0 and "rebuilt" in repaired.stdout
+    assert repaired.returncode == 1 and "rebuilt" in repaired.stdout  # damage found, all of it repaired
     clean = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
     assert clean.returncode == 0 and "3 segments checked, 0 not built, 0 damaged" in clean.stdout
 
@@ -279,7 +279,7 @@ def test_segment_truncated_under_a_running_server_is_rebuilt_and_the_worker_surv
 
         os.truncate(segment, size // 2)
         report = run_cli("verify", "--root", str(demo_root), "--cache-dir", str(cache))
-        assert report.returncode == 1
+        assert report.returncode == 2  # damage left (no --rebuild)
         assert f"size {size // 2} differs from the sidecar's {size}" in report.stdout
 
 

@@ -306,8 +306,8 @@ def test_verify_checks_decoded_frame_segments_and_rebuilds_a_damaged_one(video_r
     data[len(data) // 2] ^= 0xFF
     segment.write_bytes(bytes(data))
     found = run_cli("verify", "cams", *location)
-    assert found.returncode == 1 and f"{video}: checksum" in found.stdout, found.stdout
-    assert run_cli("verify", "cams", "--rebuild", *location).returncode == 0
+    assert found.returncode == 2 and f"{video}: checksum" in found.stdout, found.stdout
+    assert run_cli("verify", "cams", "--rebuild", *location).returncode == 1
     assert run_cli("verify", "cams", *location).returncode == 0
 
 

@@ -117,7 +117,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         if isinstance(exc, DatasetError):
             log.error("dataset error on %s: %s", request.url.path, exc.detail)
         extra = {"limit": exc.limit} if exc.limit is not None else {}
-        return problem(exc.status, exc.detail, exc.title or None, headers=exc.headers, **extra)
+        return problem(exc.status, exc.public_detail(), exc.title or None, headers=exc.headers, **extra)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> OrjsonResponse:

@@ -50,6 +50,7 @@ class ObjectStat:
 
     st_size: int
     st_mtime_ns: int
+    etag: str = ""  # the ETag this process last saw the object open with ("" if not opened yet)
 
     @property
     def st_ctime_ns(self) -> int:
@@ -79,6 +80,7 @@ class ObjectStore:
         self._lock = threading.Lock()
         self._listings: dict[str, _Listing] = {}
         self._renewing: set[str] = set()
+        self._etags: dict[str, tuple[float, str]] = {}  # key -> (when its HEAD was sent, the ETag it reported)
 
     @classmethod
     def from_environment(cls, options: StoreOptions) -> ObjectStore:
@@ -153,12 +155,45 @@ class ObjectStore:
             self._listings[root] = fresh
             self._renewing.discard(root)
 
+    def renew_now(self, root: str) -> None:
+        """Take a new listing of `root` in this thread (an object was found replaced: its size and time are due),
+        unless one is being taken; when the store cannot be listed, the last listing stays."""
+        with self._lock:
+            if root in self._renewing or root not in self._listings:
+                return
+            self._renewing.add(root)
+        self._renew(root)
+
     def open_input_file(self, key: str) -> Any:
-        """A seekable, random-access pyarrow file over the object (ranged GETs; the HEAD is done here)."""
+        """A seekable, random-access pyarrow file over the object (ranged GETs; the HEAD is done here). The ETag
+        the HEAD reports becomes the object's `known_etag`."""
+        sent = time.monotonic()
         try:
-            return self.fs.open_input_file(key)
+            handle = self.fs.open_input_file(key)
         except OSError as exc:
             raise read_failure(SCHEME + key, exc) from exc
+        self._saw(key, etag_of(handle), sent)
+        return handle
+
+    def current_etag(self, key: str) -> str:
+        """The object's ETag now (one HEAD, no GET)."""
+        handle = self.open_input_file(key)
+        handle.close()
+        return self.known_etag(key)
+
+    def known_etag(self, key: str) -> str:
+        """The ETag of the object as of the latest HEAD this process sent for it ("" before the first)."""
+        with self._lock:
+            seen = self._etags.get(key)
+        return seen[1] if seen is not None else ""
+
+    def _saw(self, key: str, etag: str, sent: float) -> None:
+        if not etag:
+            return
+        with self._lock:
+            seen = self._etags.get(key)
+            if seen is None or seen[0] <= sent:  # an answer to an older HEAD never overrides a newer one
+                self._etags[key] = (sent, etag)
 
 
 class _Listing:
@@ -268,11 +303,18 @@ class RemotePath:
         return iter(sorted(found, key=str))
 
     def stat(self) -> ObjectStat:
-        """Size and modification time, from the listing (FileNotFoundError if the listing has no such object)."""
+        """Size and modification time, from the listing (FileNotFoundError if the listing has no such object), and
+        the ETag the latest HEAD of the object reported: a re-upload a read found is a change at once, however old
+        the listing."""
         found = self._listing().objects.get(self.key)
         if found is None:
             raise FileNotFoundError(f"no object {self}")
-        return found
+        etag = self.store.known_etag(self.key)
+        return ObjectStat(found.st_size, found.st_mtime_ns, etag) if etag else found
+
+    def current_etag(self) -> str:
+        """The object's ETag now, asked of the store (a HEAD)."""
+        return self.store.current_etag(self.key)
 
     def listing_signature(self) -> int:
         """Changes whenever an object below the root is added, removed, resized or rewritten."""

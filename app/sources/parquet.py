@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from app.errors import DatasetError, InvalidInput
 from app.sources.files import DatasetPath, is_remote_path, opened_etag, opened_parquet, parquet_input, store_reads
 from app.sources.json_files import read_json
+from app.sources.object_store import RemotePath
 from app.sources.source import (
     DatasetInfo,
     EpisodeClip,
@@ -124,10 +125,9 @@ class ParquetSource:
         return [EpisodeRun(int(ids[a]), number, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
     def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
-        with opened_parquet(self.root / rel) as handle:
-            found = opened_etag(handle)
-            if etag and found and found != etag:
-                raise SourceReplaced(f"{self.root / rel} was replaced (ETag {found}, fingerprinted {etag})")
+        path = self.root / rel
+        with opened_parquet(path) as handle:
+            check_version(path, etag, opened_etag(handle))
             if is_remote_path(self.root):
                 parquet = pq.ParquetFile(handle, pre_buffer=True)
                 batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
@@ -138,9 +138,10 @@ class ParquetSource:
                 batches = parquet.iter_batches(batch_size=batch_rows, use_threads=False)
             for batch in batches:
                 yield conform_batch(batch, schema)
+            check_version(path, etag)  # the ranged GETs after the HEAD read that version too
 
-    def row_groups(self, rel: str) -> ParquetRowGroups:
-        return ParquetRowGroups(self.root / rel)
+    def row_groups(self, rel: str, etag: str = "") -> ParquetRowGroups:
+        return ParquetRowGroups(self.root / rel, etag)
 
     def episode_clip(self, key: str, episode: int) -> EpisodeClip:
         raise InvalidInput(f"{key!r} is not a camera of this dataset")  # generic parquet records no videos
@@ -149,12 +150,19 @@ class ParquetSource:
 class ParquetRowGroups:
     """Row-group geometry of one parquet file, read from its footer, and reads of whole row groups."""
 
-    def __init__(self, path: DatasetPath) -> None:
+    def __init__(self, path: DatasetPath, etag: str = "") -> None:
         self.path = path
+        self.etag = etag
         self.remote = is_remote_path(path)
         with store_reads(path):
             if self.remote:  # the footer read once, for the geometry and every read after it
-                self._fragment = _REMOTE_FORMAT.make_fragment(parquet_input(path))
+                opened = parquet_input(path)
+                try:
+                    check_version(path, etag, opened_etag(opened))
+                except SourceReplaced:
+                    opened.close()
+                    raise
+                self._fragment = _REMOTE_FORMAT.make_fragment(opened)
                 self._fragment.ensure_complete_metadata()
                 metadata, self._names = self._fragment.metadata, set(self._fragment.physical_schema.names)
             else:
@@ -170,7 +178,9 @@ class ParquetRowGroups:
         columns = [name for name in wanted.names if name in self._names]
         with store_reads(self.path):
             if self.remote:
-                return self._fragment.subset(row_group_ids=groups).to_table(columns=columns, use_threads=False)
+                table = self._fragment.subset(row_group_ids=groups).to_table(columns=columns, use_threads=False)
+                check_version(self.path, self.etag)  # the ranged GETs read the version the index was built from
+                return table
             return self._file.read_row_groups(groups, columns=columns, use_threads=False)
 
     def read_plan(self, groups: np.ndarray) -> list[list[int]]:
@@ -193,6 +203,23 @@ class ParquetRowGroups:
         if not self.remote:
             return 0
         return int(self.spans[groups[-1], 1] - self.spans[groups[0], 0])
+
+
+def check_version(path: DatasetPath, etag: str, found: str | None = None) -> None:
+    """`SourceReplaced` unless object `path` is version `etag` (a local file, or no `etag`: nothing to check).
+    `found` is the ETag an open just reported; without it the store is asked now (a HEAD). The store has no
+    conditional ranged reads here, so a read is checked on both sides: the HEAD that opened the object before its
+    ranged GETs, and one more after them. With the store's read-after-write consistency, an object showing the
+    same ETag before and after was not replaced in between (unless replaced and restored to the very same
+    content). A replacement found renews the root's listing now, so the index is rebuilt from the new object."""
+    if not etag or not isinstance(path, RemotePath):
+        return
+    if found is None:
+        with store_reads(path):
+            found = path.current_etag()
+    if found and found != etag:
+        path.store.renew_now(path.root)
+        raise SourceReplaced(f"{path} was replaced (ETag {found}, fingerprinted {etag})")
 
 
 def parquet_files(root: DatasetPath, under: DatasetPath) -> list[str]:

@@ -54,8 +54,8 @@ class SourceFingerprint:
     its segment is rebuilt once.
 
     An object in an object store has no inode or ctime (both are recorded as 0 and its modification time): it is
-    unchanged while the store's listing gives the same size and Last-Modified, and `etag` records the ETag the store
-    reported when the object was read (empty for local files).
+    unchanged while the store's listing gives the same size and Last-Modified and no read since found another ETag
+    than `etag`, the ETag the store reported when the object was read (empty for local files).
     """
 
     path: str
@@ -88,6 +88,7 @@ class SourceFingerprint:
             and stat.st_mtime_ns == self.mtime_ns
             and stat.st_size == self.size
             and stat.st_ino == self.inode
+            and not (self.etag and getattr(stat, "etag", "") not in ("", self.etag))
         )
 
 
@@ -228,8 +229,9 @@ class Source(Protocol):
         `etag` (objects in a store), `SourceReplaced` if the object opened is no longer that version."""
         ...
 
-    def row_groups(self, rel: str) -> RowGroups:
-        """The file's row groups, for reading a few rows without decoding the whole file."""
+    def row_groups(self, rel: str, etag: str = "") -> RowGroups:
+        """The file's row groups, for reading a few rows without decoding the whole file. With an `etag` (objects
+        in a store), every read checks the object is still that version (`SourceReplaced` if not)."""
         ...
 
     def episode_clip(self, key: str, episode: int) -> EpisodeClip:

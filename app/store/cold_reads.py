@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 from app.sources import RowGroups, Source
-from app.sources.source import conform_batch
+from app.sources.source import SourceReplaced, conform_batch
+from app.store.segments import SourceChanged
 
 _DECODE_FACTOR = 5
 
@@ -30,9 +31,10 @@ _DECODE_FACTOR = 5
 class ColdRows:
     """Rows of one source file by stored position, decoded row group by row group."""
 
-    def __init__(self, source: Source, rel: str) -> None:
+    def __init__(self, source: Source, rel: str, etag: str = "") -> None:
         self.path = rel
-        self.groups: RowGroups = source.row_groups(rel)
+        with _replaced_is_changed():
+            self.groups: RowGroups = source.row_groups(rel, etag)
 
     def row_groups(self, rows: np.ndarray) -> np.ndarray:
         """The row groups holding `rows` (stored positions), ascending."""
@@ -64,11 +66,22 @@ class ColdRows:
             counts = offsets[np.array(groups) + 1] - offsets[groups]
             starts = dict(zip(groups, np.concatenate(([0], np.cumsum(counts)[:-1])).tolist(), strict=True))
             first_in_read = np.array([starts[g] for g in group_of[chosen].tolist()], dtype=np.int64)
-            table = self.groups.read(groups, wanted)
+            with _replaced_is_changed():
+                table = self.groups.read(groups, wanted)
             picked = table.take(pa.array(rows[chosen] - offsets[group_of[chosen]] + first_in_read))
             del table
             pieces.extend(conform_batch(b, wanted) for b in picked.combine_chunks().to_batches())
         return pa.Table.from_batches(pieces, schema=wanted)
+
+
+@contextlib.contextmanager
+def _replaced_is_changed() -> Iterator[None]:
+    """An object found re-uploaded since the index fingerprinted it (its ETag checked on every read) is a changed
+    source: the index is rebuilt and the read starts over, so no row of another version is ever served."""
+    try:
+        yield
+    except SourceReplaced as exc:
+        raise SourceChanged(exc.detail) from exc
 
 
 class ColdReadMemory:

@@ -30,7 +30,7 @@ from app.errors import DatasetError, TryLater
 from app.settings import Settings
 from app.sources import DatasetInfo, DatasetPath, Source, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
-from app.store.episode_index import EpisodeIndex, load_or_build_index
+from app.store.episode_index import EpisodeIndex, file_identity, load_or_build_index
 from app.store.frame_budget import FrameBudget
 from app.store.frame_cache import FrameCache
 from app.store.mapped_segments import Segment, SegmentLRU
@@ -79,6 +79,7 @@ class Dataset:
         self._full_view: EpisodeView | None = None
         self._watched: list[str] = []
         self._stamp: tuple = ()
+        self._index_file: tuple[int, ...] | None = None  # `index.json` as loaded: its change is a reason to look
         self._looking = threading.Lock()
         self._looked_at = 0.0  # time.monotonic() of the last look at the files
         self.checked_at: float | None = None  # epoch seconds of the same moment
@@ -127,7 +128,9 @@ class Dataset:
         if size is not None:
             source.info.videos = {key: camera.resized(*size) for key, camera in source.info.videos.items()}
         column = source.info.episode_column or self.default_episode_column
-        index = load_or_build_index(source, column, self.cache_dir / "index.json")
+        index_path = self.cache_dir / "index.json"
+        index = load_or_build_index(source, column, index_path, self._index if column == self.episode_column else None)
+        self._index_file = file_identity(index_path)
         self._source, self._index, self._full_view = source, index, EpisodeView.of(index)
         self.episode_column, self._watched, self._stamp = column, watched, stamped
         self.segments.reader = self.frames.reader = source
@@ -145,11 +148,12 @@ class Dataset:
             return index
         try:
             self._mark_looked()
-            if stamp(self._watched) == self._stamp and self._sources_unchanged(index):
+            unchanged = file_identity(self.cache_dir / "index.json") == self._index_file
+            if unchanged and stamp(self._watched) == self._stamp and self._sources_unchanged(index):
                 return index
             if self._lock.locked():  # being read again, perhaps for a request that stopped waiting for it
                 return index
-            log.info("dataset %s: source files or metadata changed; re-reading its index", self.id)
+            log.info("dataset %s: source files, metadata or index.json changed; re-reading its index", self.id)
             try:
                 return on_store(self.path, None, lambda: self._reloaded(index))
             except DatasetError as exc:  # e.g. a file still being written, the store down: keep the snapshot

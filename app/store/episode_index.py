@@ -16,6 +16,7 @@ import base64
 import functools
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,21 +95,69 @@ class EpisodeIndex:
         ]
 
 
-def load_or_build_index(source: Source, episode_column: str, index_path: Path) -> EpisodeIndex:
-    """The dataset's episode index, reusing `index_path` for every file whose fingerprint still matches."""
+def load_or_build_index(
+    source: Source, episode_column: str, index_path: Path, current: EpisodeIndex | None = None
+) -> EpisodeIndex:
+    """The dataset's episode index, reusing `index_path` for every file whose fingerprint still matches.
+
+    `current` is the index this process serves, when it reads `index_path` again (the file changed under it:
+    rewritten by another process, by `verify`, or forged). Then the file's runs are trusted only where they equal
+    `current`'s: the episode runs of every file on which the two disagree are read again from the sources, which
+    settle it, whichever of the two was wrong. The file is rewritten only when what it says is not the result."""
     previous, problem = read_persisted_index(index_path, episode_column)
     if problem is not None:
         log.warning("discarding the episode index %s: %s; rebuilding it", index_path, problem)
+    disputed = _disputed_files(current, previous) if current is not None and previous is not None else set()
+    if disputed:
+        log.warning(
+            "the episode index %s changed under this process and disagrees with it on %d file(s) (%s); reading "
+            "their episode runs from the sources again",
+            index_path,
+            len(disputed),
+            ", ".join(sorted(disputed)[:3]) + (", ..." if len(disputed) > 3 else ""),
+        )
     files, schemas = _fingerprints(source, previous)
-    if previous is not None and previous.files == files:
+    if previous is not None and previous.files == files and not disputed:
         problem = _disagreement_with_metadata(source, previous)
         if problem is None:
             return previous
         log.warning("discarding the episode index %s: %s; rebuilding it", index_path, problem)
         previous = None
-    index = _build_index(source, episode_column, files, schemas, previous)
-    _persist(index_path, index, episode_column)
+    index = _build_index(source, episode_column, files, schemas, _without_runs_of(previous, disputed))
+    if previous is None or not _same_index(index, previous):
+        _persist(index_path, index, episode_column)
     return index
+
+
+def _file_runs(index: EpisodeIndex) -> dict[str, tuple[SourceFingerprint, list[tuple[int, int, int]]]]:
+    """Per file path: its fingerprint and its runs (episode, start, stop)."""
+    runs: dict[str, tuple[SourceFingerprint, list[tuple[int, int, int]]]] = {fp.path: (fp, []) for fp in index.files}
+    for run in index.runs():
+        runs[index.files[run.file].path][1].append((run.episode, run.start, run.stop))
+    return runs
+
+
+def _disputed_files(current: EpisodeIndex, persisted: EpisodeIndex) -> set[str]:
+    """Files of `persisted` whose fingerprint or runs differ from `current`'s (or that `current` lacks)."""
+    ours = _file_runs(current)
+    return {path for path, entry in _file_runs(persisted).items() if ours.get(path) != entry}
+
+
+def _without_runs_of(index: EpisodeIndex | None, paths: set[str]) -> EpisodeIndex | None:
+    """`index` with no runs for the files `paths` (so they are scanned again, not reused)."""
+    if index is None or not paths:
+        return index
+    kept = [run for run in index.runs() if index.files[run.file].path not in paths]
+    return EpisodeIndex.from_runs(index.files, index.schema, kept, index.has_episode_column)
+
+
+def _same_index(a: EpisodeIndex, b: EpisodeIndex) -> bool:
+    return (
+        a.files == b.files
+        and a.has_episode_column == b.has_episode_column
+        and a.schema.equals(b.schema, check_metadata=True)
+        and a.runs() == b.runs()
+    )
 
 
 def verify_persisted_index(source: Source, episode_column: str, index_path: Path) -> str | None:
@@ -271,6 +320,15 @@ def _scan_episode_column(
             continue
         runs.extend(source.scan_runs(number, fp.path, column))
     return runs
+
+
+def file_identity(path: Path) -> tuple[int, ...] | None:
+    """(size, mtime, ctime, inode) of `path`, None if it is missing: changes whenever the file is rewritten."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def _persist(path: Path, index: EpisodeIndex, episode_column: str) -> None:

@@ -64,7 +64,7 @@ class RowFiles:
             fingerprint = index.files[number]
             segment = self.segments.open_if_built(fingerprint, index.schema) if budget else None
             if segment is None and budget:
-                opening = functools.partial(ColdRows, self.source, fingerprint.path)
+                opening = functools.partial(ColdRows, self.source, fingerprint.path, fingerprint.etag)
                 try:
                     cold = on_store(self.path, fingerprint.path, opening)
                 except (OSError, pa.ArrowException) as exc:

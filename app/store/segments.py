@@ -35,6 +35,7 @@ from app.sources import Source, SourceFingerprint
 from app.sources.files import shown_path
 from app.sources.source import SourceReplaced
 from app.store.atomic_files import fsync_directory, write_atomically
+from app.store.build_backoff import BuildBackoff
 from app.store.mapped_segments import Segment, SegmentLRU, map_segment
 from app.store.segment_builds import (
     STOPPING,
@@ -78,6 +79,7 @@ class SegmentStore:
         self.building: dict[str, BuildProgress] = {}
         self._paths: dict[str, SegmentPaths] = {}
         self._queued: set[str] = set()
+        self.backoff = BuildBackoff()  # background builds that failed wait before being queued again
         self._flights: dict[str, threading.Lock] = {}
         self._flights_lock = threading.Lock()
 
@@ -156,14 +158,16 @@ class SegmentStore:
         return segment
 
     def queued(self, source_path: str) -> bool:
-        """Whether a background build of this source file's segment is queued or under way in this process."""
+        """Whether a background build of this source file's segment is queued or under way in this process, or
+        failed lately and waits out its backoff (`app.store.build_backoff`): either way, not to be queued now."""
         with self._flights_lock:
-            return source_path in self._queued
+            return source_path in self._queued or self.backoff.waiting(source_path)
 
     def build_in_background(self, source: SourceFingerprint, schema: pa.Schema) -> None:
-        """Queue a build of the segment (once; failures are logged and retried by the next request)."""
+        """Queue a build of the segment (once; a failure is logged, and the next request queues it again once
+        its backoff has passed: 1 s, doubling up to 30 s while it keeps failing)."""
         with self._flights_lock:
-            if source.path in self._queued:
+            if source.path in self._queued or self.backoff.waiting(source.path):
                 return
             self._queued.add(source.path)
 
@@ -171,12 +175,17 @@ class SegmentStore:
             try:
                 if not STOPPING.is_set():
                     self.open(source, schema, unless_stopping)
+                    self.backoff.succeeded(source.path)
             except BuildStopped:
                 log.info("background build of %s given up: the server is stopping", source.path)
+            except SourceChanged:  # not a failure: the next request builds the new version
+                log.info("background build of %s given up: the file changed", source.path)
             except DatasetError as exc:  # the store failing, a file unreadable: the message says it all
-                log.warning("background build of %s failed: %s", source.path, exc.detail)
+                delay = self.backoff.failed(source.path)
+                log.warning("background build of %s failed: %s (next try in %g s)", source.path, exc.detail, delay)
             except Exception:
-                log.exception("background build of %s failed", source.path)
+                delay = self.backoff.failed(source.path)
+                log.exception("background build of %s failed (next try in %g s)", source.path, delay)
             finally:
                 with self._flights_lock:
                     self._queued.discard(source.path)

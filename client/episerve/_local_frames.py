@@ -10,10 +10,12 @@ so a file rebuilt since (or another cache at that path) is never read; then the 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import mmap
 import os
+import stat as stat_module
 import threading
 import time
 import weakref
@@ -48,6 +50,9 @@ class LocalFrames:
         if not directory.is_dir():
             raise ValueError(f"cache_dir {str(directory)!r} is not a directory")
         self.cache_dir = directory.resolve()
+        # Where segment paths start from: the cache directory, and its `datasets/` wherever the operator put it (a
+        # symlink made when the cache was set up). Below that, no symlink is followed (`_open_confined`).
+        self._datasets = (self.cache_dir / "datasets").resolve()
         self._paused_until = 0.0  # `time.monotonic()`, the same clock in every process of the machine
         self._misses = 0
         self._open: OrderedDict[tuple[Any, ...], _MappedSegment] = OrderedDict()
@@ -128,7 +133,7 @@ class LocalFrames:
         relative = PurePosixPath(entry["path"])
         if relative.is_absolute() or ".." in relative.parts:
             raise FramesUnavailable(f"segment path {entry['path']!r} lies outside {self.cache_dir}")
-        segment = _MappedSegment(path, entry, kind)
+        segment = _MappedSegment(path, entry, kind, self._open_confined(relative))
         with self._lock:
             for stale in [k for k in self._open if k[0] == key[0]]:  # the file at this path before a rebuild:
                 del self._open[stale]  # unmapped, so an evicted file's disk space is freed (as the server does)
@@ -137,15 +142,58 @@ class LocalFrames:
                 self._open.popitem(last=False)
         return segment
 
+    def _open_confined(self, relative: PurePosixPath) -> int:
+        """A descriptor of the regular file at `relative` below the cache directory, reached without following
+        any symlink (but a symlinked `datasets/`, resolved once): a symlink planted in the cache to a file outside
+        it is refused, and so is anything but a regular file (opened non-blocking: a FIFO never blocks)."""
+        parts = relative.parts
+        if parts and parts[0] == "datasets":
+            base, parts = self._datasets, parts[1:]
+        else:
+            base = self.cache_dir
+        if not parts:
+            raise FramesUnavailable(f"segment path {str(relative)!r} names no file")
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        nofollow = getattr(os, "O_NOFOLLOW", 0)
+        if os.open not in os.supports_dir_fd or not nofollow:  # no openat (Windows): compare real paths
+            target = (base / Path(*parts)).resolve()
+            if not target.is_relative_to(self.cache_dir) and not target.is_relative_to(self._datasets):
+                raise FramesUnavailable(f"segment path {str(relative)!r} leads outside {self.cache_dir}")
+            try:
+                return _regular_file(os.open(target, flags | getattr(os, "O_NONBLOCK", 0)), relative)
+            except OSError as exc:
+                raise FramesUnavailable(f"cannot open {target}: {exc.strerror}") from exc
+        directory = getattr(os, "O_DIRECTORY", 0)
+        try:
+            descriptor = os.open(base, flags | directory)
+        except OSError as exc:
+            raise FramesUnavailable(f"cannot open {base}: {exc.strerror}") from exc
+        try:
+            for part in parts[:-1]:
+                inner = os.open(part, flags | directory | nofollow, dir_fd=descriptor)
+                os.close(descriptor)
+                descriptor = inner
+            found = os.open(parts[-1], flags | nofollow | os.O_NONBLOCK, dir_fd=descriptor)
+        except OSError as exc:  # ELOOP, ENOTDIR: a symlink where a file or directory of the cache should be
+            reason = "a symlink, not the cache's own file" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else None
+            raise FramesUnavailable(f"cannot open {self.cache_dir / relative}: {reason or exc.strerror}") from exc
+        finally:
+            os.close(descriptor)
+        return _regular_file(found, relative)
+
+
+def _regular_file(descriptor: int, relative: PurePosixPath) -> int:
+    """`descriptor`, if it is a regular file's (else closed, and `FramesUnavailable`)."""
+    if not stat_module.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise FramesUnavailable(f"segment path {str(relative)!r} is not a regular file")
+    return descriptor
+
 
 class _MappedSegment:
     """One decoded-frame segment file, mapped read-only: its frames per record batch as tensor arrays."""
 
-    def __init__(self, path: Path, entry: dict[str, Any], kind: pa.FixedShapeTensorType) -> None:
-        try:
-            descriptor = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise FramesUnavailable(f"cannot open {path}: {exc.strerror}") from exc
+    def __init__(self, path: Path, entry: dict[str, Any], kind: pa.FixedShapeTensorType, descriptor: int) -> None:
         try:
             stat = os.fstat(descriptor)
             if (stat.st_size, stat.st_ino, stat.st_mtime_ns) != (entry["bytes"], entry["inode"], entry["mtime_ns"]):

@@ -1,0 +1,162 @@
+"""Workers are supervised, one worker included: a worker killed by a truncated mapped segment (SIGBUS) is logged
+with its cause and replaced, the service keeps answering, and clients finish through their retries with the right
+rows. Against a real server, real segment files truncated in place, and the real client."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from app.demo import write_demo_dataset
+from tests.support import ServerProcess, oracle
+
+episerve = __import__("pytest").importorskip("episerve")
+
+DEATH = re.compile(r"worker (\d+) (killed by \w+[^;]*|exited with status \d+|stopped answering[^;]*); starting another")
+
+
+def _workers(server: ServerProcess) -> set[int]:
+    """The server's worker processes (not multiprocessing's resource tracker)."""
+    found = set()
+    for pid in server.pids()[1:]:
+        with contextlib.suppress(OSError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+    return found
+
+
+def _watch_workers(server: ServerProcess, seen: set[int], stop: threading.Event) -> None:
+    while not stop.is_set():
+        seen |= _workers(server)
+        time.sleep(0.02)
+
+
+def _wait_for_worker(server: ServerProcess, other_than: set[int]) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        fresh = _workers(server) - other_than
+        if fresh:
+            return fresh.pop()
+        time.sleep(0.05)
+    raise AssertionError("no new worker")
+
+
+def test_a_worker_killed_by_sigbus_is_logged_with_its_cause_and_replaced_even_with_one_worker(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=6, cameras={})
+    expected = oracle(root / "demo", None)
+    with ServerProcess([root], tmp_path / "cache", workers=1) as server:
+        (first,) = _workers(server)
+        os.kill(first, signal.SIGBUS)  # what a read of a mapped page past a truncated file's end gets
+        second = _wait_for_worker(server, {first})
+        with episerve.Client(server.url) as client:
+            table = client.rows("demo")
+        assert _wrong_rows(table, expected) == 0
+        assert server.process is not None and server.process.poll() is None  # the server itself lives on
+        assert _workers(server) == {second}
+    log = server.log_path.read_text()
+    assert f"worker {first} killed by SIGBUS (a mapped cache file was truncated?); starting another" in log
+    assert "Fatal Python error: Bus error" in log  # faulthandler's traceback of the dying worker
+
+
+def test_ten_truncations_of_mapped_segments_under_load_no_wrong_row_no_silent_death(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=120, files=6, cameras={}, image_size=32)
+    expected = oracle(root / "demo", None)
+    lengths = np.bincount(expected["episode_index"].to_numpy())
+    starts = np.concatenate(([0], np.cumsum(lengths)))
+    cache = tmp_path / "cache"
+    stop = threading.Event()
+    totals = {"requests": 0, "rows": 0, "wrong_rows": 0, "failed": 0}
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def trainer(seed: int, url: str) -> None:
+        rng = random.Random(seed)
+        retries = episerve.Retries(attempts=30, deadline=120.0)
+        with episerve.Client(url, retries=retries) as client:
+            while not stop.is_set():
+                try:
+                    if rng.random() < 0.5:
+                        indices = sorted(rng.sample(range(expected.num_rows), 256))
+                        got, want = client.take("demo", indices), expected.take(pa.array(indices))
+                    else:
+                        episode = rng.randrange(len(lengths))
+                        got = client.rows("demo", episodes=[episode])
+                        want = expected.slice(int(starts[episode]), int(lengths[episode]))
+                except episerve.EpiserveError as exc:  # the retries gave up: the service was not answering
+                    with lock:
+                        totals["failed"] += 1
+                        errors.append(repr(exc))
+                    continue
+                wrong = _wrong_rows(got, want)
+                with lock:
+                    totals["requests"] += 1
+                    totals["rows"] += got.num_rows
+                    totals["wrong_rows"] += wrong
+
+    with ServerProcess([root], cache, workers=1) as server:
+        with episerve.Client(server.url) as client:
+            assert client.rows("demo").num_rows == expected.num_rows  # every segment built and mapped
+        seen: set[int] = set()
+        watcher = threading.Thread(target=_watch_workers, args=(server, seen, stop))
+        watcher.start()
+        threads = [threading.Thread(target=trainer, args=(seed, server.url)) for seed in range(4)]
+        for thread in threads:
+            thread.start()
+        truncated = 0
+        try:
+            time.sleep(1.0)
+            rng = random.Random(0)
+            for _ in range(10):
+                segments = sorted(cache.rglob("segments/*.arrow"))
+                target = rng.choice(segments)
+                with contextlib.suppress(FileNotFoundError):  # replaced by a rebuild meanwhile: the next one
+                    os.truncate(target, target.stat().st_size // 3)  # in place: the worker's map outlives it
+                    truncated += 1
+                time.sleep(1.5)
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=180)
+            watcher.join()
+        alive = server.process is not None and server.process.poll() is None
+        with episerve.Client(server.url) as client:
+            final = client.rows("demo")
+    log = server.log_path.read_text()
+    deaths = DEATH.findall(log)
+    print(f"\ntruncations {truncated}, worker deaths logged {len(deaths)} {sorted({d[1] for d in deaths})}, {totals}")
+    assert alive, log[-3000:]
+    assert truncated >= 8
+    assert totals["wrong_rows"] == 0, totals
+    assert totals["failed"] == 0, errors[:3]
+    assert totals["requests"] > 100, totals
+    assert _wrong_rows(final, expected) == 0
+    # Every worker that went away was logged with its cause: as many deaths as workers replaced.
+    assert len(deaths) == len(seen) - 1, (deaths, seen)
+    assert {int(pid) for pid, _ in deaths} <= seen
+
+
+def _wrong_rows(got: pa.Table, want: pa.Table) -> int:
+    if got.num_rows != want.num_rows or got.column_names != want.column_names:
+        return max(got.num_rows, want.num_rows)
+    bad = np.zeros(got.num_rows, dtype=bool)
+    for name in want.column_names:
+        a, b = got[name].combine_chunks(), want[name].combine_chunks()
+        if a.equals(b):
+            continue
+        if pa.types.is_primitive(a.type):
+            bad |= ~np.asarray(pa.compute.equal(a, b).fill_null(False))
+        else:
+            bad |= np.array([x != y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)])
+    return int(bad.sum())
