@@ -1,12 +1,16 @@
-"""Arrow IPC stream responses: exact Content-Length, column buffers sent from where they lie (no copy of the data).
+"""Arrow IPC stream responses: column buffers sent from where they lie (no copy of the data), in sends of at most
+`SEND_BYTES`, each response holding its bytes on the in-flight budget (`app.api.inflight`) until it is sent.
 
 `ArrowChunksResponse` sends a stream already encoded into chunks (small answers, such as takes).
-`ArrowStreamResponse` encodes a large stream batch by batch as the connection takes it. Starlette's
+`ArrowStreamResponse` encodes a large stream of known length batch by batch as the connection takes it. Starlette's
 `StreamingResponse` would run a synchronous body iterator through the thread pool, one hand-off per chunk, plus a
 task group watching for the client leaving; for a 15 MB range that machinery cost more server CPU than the bytes.
 Here each batch is encoded on the event loop right before it is sent (only its message header is new; larger
 batches, such as windowed answers, are cut into slices first), and the stream stops as soon as the client goes
-away.
+away. `ArrowPiecesResponse` sends an answer read piece by piece (`app.reads.pieces`), or a large compressed one,
+chunked: each next piece is read in the thread pool only once the one before is sent and the budget has room,
+and compressed batch by batch. The first two send `Content-Length`; the last, whose size is not known in
+advance, is chunked.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from app.reads.arrow_ipc import (
     encode_whole,
     stream_size,
 )
-from app.reads.pending_copies import PendingCopies
 from app.reads.pieces import PIECE_BYTES, Piece, RowPieces
 from app.reads.service import Answer
 
@@ -58,7 +61,7 @@ def arrow_response(answer: Answer, hold: Hold | None = None) -> Response:
         return ArrowChunksResponse(chunks, headers, _held(hold, size if answer.owned else 0))
     if codec is not None:
         return ArrowPiecesResponse(Piece(schema, batches, pending), None, headers, codec, hold)
-    return ArrowStreamResponse(schema, batches, headers, size, pending, _held(hold, size if answer.owned else 0))
+    return ArrowStreamResponse(Piece(schema, batches, pending), headers, size, _held(hold, size if answer.owned else 0))
 
 
 def _held(hold: Hold | None, owned: int) -> Hold | None:
@@ -109,26 +112,20 @@ class _HeldResponse(Response):
 
 
 class ArrowStreamResponse(_HeldResponse):
-    """`schema` and `batches` as one Arrow IPC stream of known length (`size`, computed when not given)."""
+    """The rows of `piece` as one Arrow IPC stream of known length (`size`, computed when not given)."""
 
     media_type = ARROW_STREAM_MEDIA_TYPE
 
     def __init__(
-        self,
-        schema: pa.Schema,
-        batches: Sequence[pa.RecordBatch],
-        headers: dict[str, str],
-        size: int | None = None,
-        pending: PendingCopies | None = None,
-        hold: Hold | None = None,
+        self, piece: Piece, headers: dict[str, str], size: int | None = None, hold: Hold | None = None
     ) -> None:
-        pieces = bounded(batches, PIECE_BYTES)
-        if size is None or len(pieces) != len(batches):
-            size = stream_size(schema, pieces)
+        pieces = bounded(piece.batches, PIECE_BYTES)
+        if size is None or len(pieces) != len(piece.batches):
+            size = stream_size(piece.schema, pieces)
         super().__init__(headers={**headers, "Content-Length": str(size)})
-        self.schema = schema
+        self.schema = piece.schema
         self.batches = pieces
-        self.pending = pending
+        self.pending = piece.pending
         self.hold = hold
 
     async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
