@@ -27,9 +27,15 @@ TAKE = "/datasets/blobs/rows/take"
 
 
 def _rss_anon(pid: int) -> int:
-    """`RssAnon` of the server process (one worker: it serves in-process), in bytes."""
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+    """`RssAnon` of the server: its process and their children (the supervised worker), in bytes."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            total = next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:")), 0)
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as children:
+            return total + sum(_rss_anon(int(child)) for child in children.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        return total
 
 
 def _blob(row: int) -> bytes:
