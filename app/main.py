@@ -16,6 +16,7 @@ from app.api import cache, datasets, health, mixtures, rows
 from app.api.deps import bound_store_waits
 from app.api.docs import install_docs
 from app.api.fast_lane import FastLane
+from app.api.inflight import InflightBudget
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers, install_problem_schema, problem_responses
 from app.api.query_checks import reject_unknown_query
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         roots = await run_in_threadpool(resolve_roots, settings)
         app.state.read_limiter = anyio.CapacityLimiter(settings.max_concurrent_reads)
+        app.state.inflight = InflightBudget(settings.max_inflight_bytes)
         app.state.catalog = await run_in_threadpool(Catalog, settings, roots)
         log.info("serving %d datasets from %s", len(app.state.catalog.ids()), ", ".join(map(str, roots)))
         yield

@@ -48,6 +48,9 @@ SEGMENT_BYTES_ON_DISK = Gauge(
     "episerve_cache_bytes", "Bytes of segments on disk, over all datasets", multiprocess_mode="mostrecent"
 )
 OPEN_SEGMENTS = Gauge("episerve_open_segments", "Memory-mapped segments held open", multiprocess_mode="livesum")
+INFLIGHT_BYTES = Gauge(
+    "episerve_inflight_bytes", "Response bytes held in flight (the in-flight budget)", multiprocess_mode="livesum"
+)
 
 
 def render() -> tuple[bytes, str]:

@@ -96,6 +96,13 @@ class Settings(BaseSettings):
     max_concurrent_reads: int = Field(
         8, ge=1, le=1024, description="Row reads one worker runs at once; more wait (bounds memory under load)."
     )
+    max_inflight_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=16 * 1024 * 1024,
+        description="Response bytes one worker holds in flight at once (rows read and not yet sent, and what the "
+        "transport buffers of a send); new reads wait while it is spent, so clients that stop reading cost at most "
+        "their piece each.",
+    )
     inline_read_bytes: int = Field(
         4 * 1024 * 1024,
         ge=0,

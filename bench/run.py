@@ -5,8 +5,9 @@
 Steps: generate (or reuse) the datasets in the work dir; convert them once for the peers (an Arrow IPC file for
 the mmap and Flight peers, the HF `datasets` cache); run the cold-cache figures (P6, P8, P4), each with its own
 empty caches; start the warm episerve server (2 workers), the Flight peer and the loopback ceiling; run the warm
-figures (P5, P1, P2, P3, P7); run the camera figures (P9, and P10 and P15 on the same datasets), which generate
-their own datasets and start their own servers; print the table and write it to `bench/results/<date>-<mode>.md`.
+figures (P5, P1, P2, P3, P7); run the camera figures (P9, and P10 and P15 on the same datasets), the mixture
+figures (P12, P13) and the sharing figure (P14), which generate their own datasets and start their own servers; print
+the table and write it to `bench/results/<date>-<mode>.md`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         p11_object_store,
         p12_mixture,
         p13_resume,
+        p14_sharing,
         p15_lerobot_train,
     )
 
@@ -63,6 +65,7 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         "P10": p10_lerobot.run,
         "P12": p12_mixture.run,
         "P13": p13_resume.run,
+        "P14": p14_sharing.run,
         "P15": p15_lerobot_train.run,
     }
     return cold, warm, own

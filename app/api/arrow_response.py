@@ -1,56 +1,74 @@
-"""Arrow IPC stream responses: exact Content-Length, column buffers sent from where they lie (no copy of the data).
+"""Arrow IPC stream responses: column buffers sent from where they lie (no copy of the data), in sends of at most
+`SEND_BYTES`, each response holding its bytes on the in-flight budget (`app.api.inflight`) until it is sent.
 
 `ArrowChunksResponse` sends a stream already encoded into chunks (small answers, such as takes).
-`ArrowStreamResponse` encodes a large stream batch by batch as the connection takes it. Starlette's
+`ArrowStreamResponse` encodes a large stream of known length batch by batch as the connection takes it. Starlette's
 `StreamingResponse` would run a synchronous body iterator through the thread pool, one hand-off per chunk, plus a
 task group watching for the client leaving; for a 15 MB range that machinery cost more server CPU than the bytes.
 Here each batch is encoded on the event loop right before it is sent (only its message header is new; larger
 batches, such as windowed answers, are cut into slices first), and the stream stops as soon as the client goes
-away.
+away. `ArrowPiecesResponse` sends an answer read piece by piece (`app.reads.pieces`), or a large compressed one,
+chunked: each next piece is read in the thread pool only once the one before is sent and the budget has room,
+and compressed batch by batch. The first two send `Content-Length`; the last, whose size is not known in
+advance, is chunked.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import anyio
 import pyarrow as pa
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from app.api.inflight import Hold
 from app.reads.arrow_ipc import (
     ARROW_STREAM_MEDIA_TYPE,
     OWN_CHUNK_BYTES,
     Chunk,
+    StreamEncoder,
     encode_stream,
     encode_whole,
     stream_size,
 )
-from app.reads.pending_copies import PendingCopies
+from app.reads.pieces import PIECE_BYTES, Piece, RowPieces
 from app.reads.service import Answer
 
-_PIECE_BYTES = 16 * 1024 * 1024  # larger batches (windowed answers) are sent as slices: the loop never waits long
 _SINGLE_PIECE_BYTES = 4 * 1024 * 1024
+SEND_BYTES = 1024 * 1024  # at most this much per send: the transport copies only the unsent rest of one send
+FIRST_HOLD_BYTES = PIECE_BYTES + SEND_BYTES  # what a read waits for on the in-flight budget before it starts
 
 
-def arrow_response(answer: Answer) -> Response:
+def arrow_response(answer: Answer, hold: Hold | None = None) -> Response:
     """The answer as an Arrow IPC stream response: small bodies encoded at once (tiny ones into one buffer),
-    large ones batch by batch as they are sent (compressed ones without a known length). Rows the answer left
-    pending are sent from where they lie, uncompressed."""
+    large ones batch by batch as they are sent, answers read in pieces piece by piece (those, and compressed ones,
+    without a known length: chunked). Rows the answer left pending are sent from where they lie, uncompressed.
+    `hold`: the answer's bytes on the in-flight budget, set here to what it holds and released once it is sent."""
     schema, batches, codec, pending = answer.schema, answer.batches, answer.codec, answer.pending
-    headers = {**answer.headers, "X-Row-Count": str(sum(b.num_rows for b in batches))}
+    headers = {**answer.headers, "X-Row-Count": str(answer.row_count)}
     if codec is not None:
         headers["X-Arrow-Compression"] = codec
+    if answer.rest is not None:
+        return ArrowPiecesResponse(Piece(schema, batches, pending), answer.rest, headers, codec, hold)
     if sum(b.get_total_buffer_size() for b in batches) < OWN_CHUNK_BYTES:  # nbytes costs ~16 us a batch
-        return ArrowChunksResponse([memoryview(encode_whole(schema, batches, codec, pending))], headers)
+        chunks: list[Chunk] = [memoryview(encode_whole(schema, batches, codec, pending))]
+        return ArrowChunksResponse(chunks, headers, _held(hold, chunks[0].nbytes))
     size = stream_size(schema, batches)
     if size <= _SINGLE_PIECE_BYTES:
         chunks = [chunk for chunks in encode_stream(schema, batches, codec, pending) for chunk in chunks]
-        return ArrowChunksResponse(chunks, headers)
+        return ArrowChunksResponse(chunks, headers, _held(hold, size if answer.owned else 0))
     if codec is not None:
-        joined = (b"".join(chunks) for chunks in encode_stream(schema, batches, codec, pending))
-        return StreamingResponse(joined, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
-    return ArrowStreamResponse(schema, batches, headers, size, pending)
+        return ArrowPiecesResponse(Piece(schema, batches, pending), None, headers, codec, hold)
+    return ArrowStreamResponse(Piece(schema, batches, pending), headers, size, _held(hold, size if answer.owned else 0))
+
+
+def _held(hold: Hold | None, owned: int) -> Hold | None:
+    """`hold` set to an answer's `owned` bytes plus what the transport may buffer of one send."""
+    if hold is not None:
+        hold.set(owned + SEND_BYTES)
+    return hold
 
 
 def bounded(batches: Sequence[pa.RecordBatch], max_bytes: int) -> list[pa.RecordBatch]:
@@ -66,56 +84,134 @@ def bounded(batches: Sequence[pa.RecordBatch], max_bytes: int) -> list[pa.Record
     return pieces
 
 
-class ArrowStreamResponse(Response):
-    """`schema` and `batches` as one Arrow IPC stream of known length (`size`, computed when not given)."""
+def sends(chunks: Sequence[Chunk]) -> Iterator[Chunk]:
+    """`chunks` cut into pieces of at most `SEND_BYTES` (zero-copy views)."""
+    for chunk in chunks:
+        if len(chunk) <= SEND_BYTES:
+            yield chunk
+            continue
+        view = memoryview(chunk).cast("B")
+        for start in range(0, view.nbytes, SEND_BYTES):
+            yield view[start : start + SEND_BYTES]
+
+
+class _HeldResponse(Response):
+    """A response that releases its bytes on the in-flight budget once it is done, however it ends."""
+
+    hold: Hold | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.send_body(scope, receive, send)
+        finally:
+            if self.hold is not None:
+                self.hold.release()
+
+    async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class ArrowStreamResponse(_HeldResponse):
+    """The rows of `piece` as one Arrow IPC stream of known length (`size`, computed when not given)."""
 
     media_type = ARROW_STREAM_MEDIA_TYPE
 
     def __init__(
-        self,
-        schema: pa.Schema,
-        batches: Sequence[pa.RecordBatch],
-        headers: dict[str, str],
-        size: int | None = None,
-        pending: PendingCopies | None = None,
+        self, piece: Piece, headers: dict[str, str], size: int | None = None, hold: Hold | None = None
     ) -> None:
-        pieces = bounded(batches, _PIECE_BYTES)
-        if size is None or len(pieces) != len(batches):
-            size = stream_size(schema, pieces)
+        pieces = bounded(piece.batches, PIECE_BYTES)
+        if size is None or len(pieces) != len(piece.batches):
+            size = stream_size(piece.schema, pieces)
         super().__init__(headers={**headers, "Content-Length": str(size)})
-        self.schema = schema
+        self.schema = piece.schema
         self.batches = pieces
-        self.pending = pending
+        self.pending = piece.pending
+        self.hold = hold
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnect(receive))
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             for chunks in encode_stream(self.schema, self.batches, pending=self.pending):
-                for chunk in chunks:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await asyncio.sleep(0)  # a send to a closed connection returns at once: let `gone` see it
-                if gone.done():
+                if not await _sent(chunks, send, gone):
                     return  # nobody reads the rest
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
 
 
-class ArrowChunksResponse(Response):
+class ArrowPiecesResponse(_HeldResponse):
+    """An Arrow IPC stream of unknown length (chunked): the `first` piece of an answer, then each piece of `rest`,
+    read (in the thread pool, among the row reads) only once the one before is sent and the in-flight budget has
+    room for it; with `codec`, each batch compressed as it is sent."""
+
+    media_type = ARROW_STREAM_MEDIA_TYPE
+
+    def __init__(
+        self, first: Piece, rest: RowPieces | None, headers: dict[str, str], codec: str | None, hold: Hold | None
+    ) -> None:
+        super().__init__(headers=headers)
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.first, self.rest, self.codec = first, rest, codec
+        self.hold = _held(hold, first.nbytes)
+
+    async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.ensure_future(_disconnect(receive))
+        encoder = StreamEncoder(self.first.schema, self.codec)
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            piece: Piece | None = self.first
+            if not await _sent(encoder.start(), send, gone):
+                return
+            while piece is not None:
+                for batch in bounded(piece.batches, PIECE_BYTES):
+                    if not await _sent(encoder.batch(batch, piece.pending), send, gone):
+                        return
+                piece = await self._next_piece(scope)
+            await _sent(encoder.end(), send, gone)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            gone.cancel()
+
+    async def _next_piece(self, scope: Scope) -> Piece | None:
+        """The next piece of the answer (None after the last), read once the budget has room for it."""
+        rest = self.rest
+        if rest is None or not rest.remaining:
+            return None
+        if self.hold is not None:
+            self.hold.set(SEND_BYTES)
+            await self.hold.grow_to(SEND_BYTES + int(rest.next_rows() * rest.row_bytes))
+        state = scope["app"].state if "app" in scope else None
+        limiter = getattr(state, "read_limiter", None)
+        piece = await anyio.to_thread.run_sync(rest.next_piece, limiter=limiter)
+        if self.hold is not None:
+            self.hold.set(SEND_BYTES + piece.nbytes)
+        return piece
+
+
+class ArrowChunksResponse(_HeldResponse):
     """A whole Arrow IPC stream, already encoded into `chunks`, sent without joining them."""
 
     media_type = ARROW_STREAM_MEDIA_TYPE
 
-    def __init__(self, chunks: list[Chunk], headers: dict[str, str]) -> None:
+    def __init__(self, chunks: list[Chunk], headers: dict[str, str], hold: Hold | None = None) -> None:
         super().__init__(headers={**headers, "Content-Length": str(sum(len(chunk) for chunk in chunks))})
         self.chunks = chunks
+        self.hold = hold
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        for chunk in self.chunks:
+        for chunk in sends(self.chunks):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _sent(chunks: list[Chunk], send: Send, gone: asyncio.Future[None]) -> bool:
+    """Send `chunks` (in pieces of at most `SEND_BYTES`); False when the client has gone away."""
+    for chunk in sends(chunks):
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await asyncio.sleep(0)  # a send to a closed connection returns at once: let `gone` see it
+    return not gone.done()
 
 
 async def _disconnect(receive: Receive) -> None:

@@ -37,6 +37,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
+from app.api.arrow_response import SEND_BYTES
 from app.api.body_deadline import body_deadline, until
 from app.api.deps import PARSED_REQUEST, PREPARED_READ
 from app.api.json_body import check_declared_length, check_json_content_type, decode_json_body
@@ -136,11 +137,19 @@ class FastLane:
             if not read.quick():
                 scope[PREPARED_READ] = read
                 return None
-            answer = read.answer()
         except (ProblemError, WouldBlock):
             return None  # the regular route answers it (and words every error)
+        hold = self.state.inflight.try_hold(self.state.settings.inline_read_bytes + SEND_BYTES)
+        if hold is None:  # the in-flight budget is spent: the route waits its turn
+            scope[PREPARED_READ] = read
+            return None
+        try:
+            answer = read.answer()
+        except (ProblemError, WouldBlock):
+            hold.release()
+            return None
         (metrics.INLINE_TAKES if isinstance(request, TakeRequest) else metrics.INLINE_SLICES).inc()
-        return to_response(answer)
+        return to_response(answer, hold)
 
     @staticmethod
     def _parsed_take(scope: Scope, body: bytes) -> TakeRequest:

@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.routing import APIRoute
 
-from app.api.arrow_response import arrow_response
+from app.api.arrow_response import FIRST_HOLD_BYTES, arrow_response
 from app.api.deps import PARSED_REQUEST, PREPARED_READ, get_dataset, run_read
+from app.api.inflight import Hold
 from app.api.json_body import json_body_schema, read_json_body
 from app.api.problems import problem_responses
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
@@ -85,15 +86,24 @@ def _query_parameters(model: type[SliceRequest]) -> dict[str, Any]:
     return {"parameters": parameters}
 
 
-def to_response(answer: Answer | Any) -> Response:
-    """The HTTP response of a read service answer (304 for `NotModified`)."""
+def to_response(answer: Answer | Any, hold: Hold | None = None) -> Response:
+    """The HTTP response of a read service answer (304 for `NotModified`), which keeps `hold` until it is sent."""
     if isinstance(answer, Answer):
-        return arrow_response(answer)
+        return arrow_response(answer, hold)
+    if hold is not None:
+        hold.release()
     return Response(status_code=304, headers=answer.headers)
 
 
-def _answer(read: RowRead) -> Response:
-    return to_response(read.answer())
+async def _answered(request: Request, read: RowRead) -> Response:
+    """`read` answered in the thread pool once the in-flight budget has room for its first piece; the response
+    holds its bytes on the budget until it is sent."""
+    hold = await request.app.state.inflight.hold(FIRST_HOLD_BYTES)
+    try:
+        return to_response(await run_read(request, read.answer), hold)
+    except BaseException:
+        hold.release()
+        raise
 
 
 @router.get(
@@ -106,7 +116,7 @@ def _answer(read: RowRead) -> Response:
 async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
     selection = request.scope.get(PARSED_REQUEST) or SliceRequest.from_query(request.query_params.multi_items())
     read = request.scope.get(PREPARED_READ) or SliceRead(dataset, selection, request.headers.get("if-none-match"))
-    return await run_read(request, _answer, read)
+    return await _answered(request, read)
 
 
 @router.post(
@@ -118,7 +128,7 @@ async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
 )
 async def read_rows_with_body(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
     body = await read_json_body(request, SliceRequest, dataset.limits.max_body_bytes)
-    return await run_read(request, _answer, SliceRead(dataset, body, request.headers.get("if-none-match")))
+    return await _answered(request, SliceRead(dataset, body, request.headers.get("if-none-match")))
 
 
 @router.post(
@@ -132,7 +142,7 @@ async def take_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
     body = request.scope.get(PARSED_REQUEST) or await read_json_body(
         request, TakeRequest, dataset.limits.max_body_bytes
     )
-    return await run_read(request, _answer, request.scope.get(PREPARED_READ) or TakeRead(dataset, body))
+    return await _answered(request, request.scope.get(PREPARED_READ) or TakeRead(dataset, body))
 
 
 def take_route() -> APIRoute:

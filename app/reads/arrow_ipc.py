@@ -57,17 +57,39 @@ def encode_stream(
     consumer gets to it) and one for the end marker. With `compression` (`lz4` or `zstd`, which every Arrow
     reader decompresses by itself) the batch bodies are compressed. The `pending` rows of the batches' buffers
     are sent from their sources (made in place first when compressing, which reads every byte)."""
-    if pending and compression is not None:
-        pending.make()
-    chunks = _Chunks(pending)
-    options = pa.ipc.IpcWriteOptions(compression=compression)
-    writer = pa.ipc.new_stream(pa.PythonFile(chunks, mode="w"), schema, options=options)
-    yield chunks.drain()
+    encoder = StreamEncoder(schema, compression)
+    yield encoder.start()
     for batch in batches:
-        writer.write_batch(batch)
-        yield chunks.drain()
-    writer.close()
-    yield chunks.drain()
+        yield encoder.batch(batch, pending)
+    yield encoder.end()
+
+
+class StreamEncoder:
+    """One IPC stream encoded a batch at a time, each batch with the pending copies of its own piece of rows."""
+
+    def __init__(self, schema: pa.Schema, compression: str | None = None) -> None:
+        self.schema, self.compression = schema, compression
+        self._chunks = _Chunks()
+        options = pa.ipc.IpcWriteOptions(compression=compression)
+        self._writer = pa.ipc.new_stream(pa.PythonFile(self._chunks, mode="w"), schema, options=options)
+
+    def start(self) -> list[Chunk]:
+        """The schema message."""
+        return self._chunks.drain()
+
+    def batch(self, batch: pa.RecordBatch, pending: PendingCopies | None = None) -> list[Chunk]:
+        """The message of `batch`, whose unfilled rows are `pending` (sent from their sources, or made first when
+        compressing)."""
+        if pending and self.compression is not None:
+            pending.make()
+        self._chunks.pending = pending
+        self._writer.write_batch(batch)
+        return self._chunks.drain()
+
+    def end(self) -> list[Chunk]:
+        """The end-of-stream marker."""
+        self._writer.close()
+        return self._chunks.drain()
 
 
 class _Chunks:

@@ -15,7 +15,7 @@ read source files cold, compute windows and decode camera frames.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +24,7 @@ from app.errors import InvalidInput, OverLimit, WouldBlock
 from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episodes
 from app.reads.frames import view_schema
 from app.reads.pending_copies import PendingCopies
+from app.reads.pieces import Piece, RowPieces
 from app.reads.requests import RowSelection, SliceRequest, TakeRequest
 from app.reads.takes import project
 from app.reads.view_read import ReadOptions, RowsNeeded, ViewRead
@@ -46,6 +47,26 @@ class Answer:
     headers: dict[str, str]
     codec: str | None = None  # IPC body compression, if asked for
     pending: PendingCopies | None = None
+    rest: RowPieces | None = None  # the rows after `batches`, computed piece by piece as they are sent
+    owned: bool = True  # whether the batches hold memory of their own (False: zero-copy views of the maps)
+
+    def whole(self) -> Answer:
+        """The answer with every piece read and its pending copies made (for readers other than an encoder)."""
+        if self.rest is None:
+            return self
+        if self.pending:
+            self.pending.make()
+        batches = list(self.batches)
+        for piece in self.rest:
+            if piece.pending:
+                piece.pending.make()
+            batches.extend(piece.batches)
+        return replace(self, batches=batches, pending=None, rest=None)
+
+    @property
+    def row_count(self) -> int:
+        """Rows of the whole answer, `rest` included."""
+        return sum(b.num_rows for b in self.batches) + (self.rest.remaining if self.rest is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -122,15 +143,16 @@ class TakeRead(RowRead):
 
 
 def answer_slice(dataset: Dataset, request: SliceRequest, if_none_match: str | None = None) -> Answer | NotModified:
-    """A `GET`/`POST /rows` request, read (see `SliceRead`)."""
-    return SliceRead(dataset, request, if_none_match).answer()
+    """A `GET`/`POST /rows` request, read whole (see `SliceRead`)."""
+    answer = SliceRead(dataset, request, if_none_match).answer()
+    return answer.whole() if isinstance(answer, Answer) else answer
 
 
 def answer_take(dataset: Dataset, request: TakeRequest) -> Answer:
-    """A `POST /rows/take` request, read (see `TakeRead`)."""
+    """A `POST /rows/take` request, read whole (see `TakeRead`)."""
     answer = TakeRead(dataset, request).answer()
     assert isinstance(answer, Answer)
-    return answer
+    return answer.whole()
 
 
 def files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list[int]:
@@ -237,14 +259,26 @@ class _SlicePlan(_Plan):
             headers = self.headers()
             if headers["ETag"] in [tag.strip() for tag in self.of.if_none_match.split(",")]:
                 return NotModified(headers)
+        if prepared.spec is None and prepared.stored != prepared.base and read.may_block and self.hi > self.lo:
+            return _in_pieces(self, np.arange(self.lo, self.hi, dtype=np.int64), self.headers(), self.of.request.codec)
         batches = read.slice_batches(self.lo, self.hi, prepared.stored)
         schema = project(read.index.schema, prepared.stored)
-        if prepared.spec is not None or prepared.stored != prepared.base:
-            table = pa.Table.from_batches(batches, schema)
-            rows = np.arange(self.lo, self.hi, dtype=np.int64)
-            table = read.complete(rows, table, prepared.base, prepared.spec)
-            schema, batches = table.schema, table.to_batches()
-        return Answer(schema, batches, self.headers(), self.of.request.codec, read.pending or None)
+        if prepared.spec is None and prepared.stored == prepared.base:
+            return Answer(schema, batches, self.headers(), self.of.request.codec, read.pending or None, owned=False)
+        table = pa.Table.from_batches(batches, schema)
+        table = read.complete(np.arange(self.lo, self.hi, dtype=np.int64), table, prepared.base, prepared.spec)
+        return Answer(table.schema, table.to_batches(), self.headers(), self.of.request.codec, read.pending or None)
+
+    def piece(self, rows: np.ndarray) -> Piece:
+        """View rows `rows` (contiguous, ascending) with their camera frames."""
+        read, prepared = self.read, self.prepared
+        read.fresh_pending()
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        table = pa.Table.from_batches(
+            read.slice_batches(lo, hi, prepared.stored), project(read.index.schema, prepared.stored)
+        )
+        table = read.complete(rows, table, prepared.base, prepared.spec)
+        return Piece(table.schema, [b for b in table.to_batches() if b.num_rows], read.pending or None)
 
 
 class _TakePlan(_Plan):
@@ -268,14 +302,66 @@ class _TakePlan(_Plan):
         return self.read.answerable_from_maps(rows, spec)
 
     def answer(self) -> Answer:
-        """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included."""
-        read, prepared = self.read, self.prepared
-        table = read.take_rows(self.rows, prepared.stored)
-        if prepared.spec is not None or prepared.stored != prepared.base:
-            table = read.complete(self.rows, table, prepared.base, prepared.spec)
-        batches = [b for b in table.to_batches() if b.num_rows]
+        """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included: read
+        piece by piece when the read may block (the first piece now, the rest as it is sent), except for frame
+        references (small, and described by the segments of the whole answer)."""
+        read = self.read
         headers = {"X-Total-Rows": str(len(read.view))}
-        return Answer(table.schema, batches, headers, self.request.codec, read.pending or None)
+        if read.may_block and not read.options.reference_frames and len(self.rows):
+            return _in_pieces(self, self.rows, headers, self.request.codec)
+        piece = self.piece(self.rows)
+        return Answer(piece.schema, piece.batches, headers, self.request.codec, piece.pending)
+
+    def piece(self, rows: np.ndarray) -> Piece:
+        """View positions `rows` of the answer, windowed columns and camera frames included."""
+        read, prepared = self.read, self.prepared
+        if read.may_block:
+            read.fresh_pending()
+        table = read.take_rows(rows, prepared.stored)
+        if prepared.spec is not None or prepared.stored != prepared.base:
+            table = read.complete(rows, table, prepared.base, prepared.spec)
+        return Piece(table.schema, [b for b in table.to_batches() if b.num_rows], read.pending or None)
+
+
+def _in_pieces(plan: _SlicePlan | _TakePlan, rows: np.ndarray, headers: dict[str, str], codec: str | None) -> Answer:
+    """The answer over view `rows` cut into pieces: the first read now (a problem with it is still an error
+    response), the rest as the encoder asks for them."""
+    pieces = RowPieces(rows, _guessed_row_bytes(plan.prepared, rows), plan.piece)
+    first = pieces.next_piece()
+    rest = pieces if pieces.remaining else None
+    return Answer(first.schema, first.batches, headers, codec, first.pending, rest=rest)
+
+
+def _guessed_row_bytes(prepared: _Prepared, rows: np.ndarray) -> float:
+    """Bytes a row of the answer may hold, before any is read: its camera frames (windows counted) and its stored
+    columns: as the mapped segments of `rows` hold them, else the fixed-width ones and, for the others, four
+    times the source files' bytes per row (at least `_UNKNOWN_ROW_BYTES`)."""
+    read = prepared.read
+    index, cameras = read.index, read.cameras
+    windowed = prepared.spec.offsets if prepared.spec is not None else {}
+    frames = sum(
+        f.height * f.width * f.channels * (len(windowed[k]) if k in windowed else 1)
+        for k, f in cameras.items()
+        if k in windowed or k in (prepared.names or ())
+    )
+    segments = [read.dataset.rows.mapped(index, n) for n in np.unique(read.view.locate(rows)[0]).tolist()]
+    if all(segment is not None for segment in segments):
+        return frames + max((s.row_bytes(prepared.stored) for s in segments if s is not None), default=0)
+    schema = project(index.schema, prepared.stored)
+    fixed = sum(field.type.byte_width for field in schema if _fixed_width(field.type))
+    variable = any(not _fixed_width(field.type) for field in schema)
+    source = 4 * sum(fp.size for fp in index.files) / max(1, index.total_rows)
+    return frames + fixed + (max(source, _UNKNOWN_ROW_BYTES) if variable else 0)
+
+
+_UNKNOWN_ROW_BYTES = 4096
+
+
+def _fixed_width(kind: pa.DataType) -> bool:
+    try:
+        return kind.byte_width > 0
+    except ValueError:
+        return False
 
 
 # -- limits ------------------------------------------------------------------------------------------------------

@@ -64,6 +64,11 @@ class ViewRead:
         self._segments: dict[int, Segment] = {}  # source file -> its segment, mapped already (a quick read's)
         self._frame_segments: dict[str, Segment] = {}  # video file -> its decoded-frame segment, likewise
 
+    def fresh_pending(self) -> None:
+        """Start another piece of the answer: frame copies left pending from here on are that piece's."""
+        if self.options.defer_frames:
+            self.pending = PendingCopies()
+
     @property
     def cameras(self) -> dict[str, VideoFeature]:
         return self.dataset.info().videos

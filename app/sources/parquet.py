@@ -166,7 +166,9 @@ class ParquetRowGroups:
                 self._fragment.ensure_complete_metadata()
                 metadata, self._names = self._fragment.metadata, set(self._fragment.physical_schema.names)
             else:
-                self._file = pq.ParquetFile(str(path))
+                # Without pre-buffering: a pre-buffered reader keeps every column chunk it read (a whole row
+                # group's compressed bytes) until the file object goes, i.e. for the request's whole read.
+                self._file = pq.ParquetFile(str(path), pre_buffer=False)
                 metadata, self._names = self._file.metadata, set(self._file.schema_arrow.names)
         groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
         self.offsets = np.concatenate(([0], np.cumsum([g.num_rows for g in groups]))).astype(np.int64)

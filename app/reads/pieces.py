@@ -1,0 +1,64 @@
+"""Large answers read piece by piece: rows of a take (with their camera frames and windows) computed a few MiB at a
+time, each piece only when the encoder is ready to send it, so an answer never holds more than one piece of
+anonymous memory, whatever its size and however slowly its client reads.
+
+`RowPieces` cuts the rows asked for into pieces of about `PIECE_BYTES`: the first from a guess of the bytes a row
+holds, each next one from the bytes per row the pieces before it actually held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from app.reads.pending_copies import PendingCopies
+
+PIECE_BYTES = 4 * 1024 * 1024  # rows computed at once for a large answer
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Record batches (of `schema`) of some rows of an answer, and the frame copies they leave `pending` (see
+    `app.reads.pending_copies`)."""
+
+    schema: pa.Schema
+    batches: list[pa.RecordBatch]
+    pending: PendingCopies | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the piece's buffers (the pending frames' included: their room is allocated)."""
+        return sum(batch.get_total_buffer_size() for batch in self.batches)
+
+
+class RowPieces:
+    """The pieces of an answer over `rows`, computed by `compute` (rows -> piece) in request order; `row_bytes`:
+    the guessed bytes of one row, which sizes the first piece."""
+
+    def __init__(self, rows: np.ndarray, row_bytes: float, compute: Callable[[np.ndarray], Piece]) -> None:
+        self.rows, self.compute = rows, compute
+        self.row_bytes = max(1.0, row_bytes)
+        self.done = 0  # rows computed so far
+
+    @property
+    def remaining(self) -> int:
+        return len(self.rows) - self.done
+
+    def next_rows(self) -> int:
+        """How many rows the next piece holds."""
+        return int(min(self.remaining, max(1, PIECE_BYTES // self.row_bytes)))
+
+    def next_piece(self) -> Piece:
+        """The next piece (call only while `remaining`); it sizes the one after."""
+        count = self.next_rows()
+        piece = self.compute(self.rows[self.done : self.done + count])
+        self.done += count
+        self.row_bytes = max(1.0, piece.nbytes / count)
+        return piece
+
+    def __iter__(self) -> Iterator[Piece]:
+        while self.remaining:
+            yield self.next_piece()
