@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from episerve._client import Client
-from episerve.lerobot import RemoteLeRobotDataset
 from episerve.lerobot._metadata import RemoteLeRobotDatasetMetadata
+from episerve.lerobot._remote_dataset import RemoteLeRobotDataset
 
 __all__ = [
     "ServedLeRobotDataset",
