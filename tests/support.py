@@ -207,3 +207,15 @@ def eventually(check: Callable[[], bool], seconds: float = 15.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "not within the deadline"
         time.sleep(0.1)
+
+
+def rss_anon_with_children(pid: int) -> int:
+    """`RssAnon` of process `pid` and its descendants (a server's supervised workers), in bytes."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            total = next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:")), 0)
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as children:
+            return total + sum(rss_anon_with_children(int(child)) for child in children.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        return total

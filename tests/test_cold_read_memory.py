@@ -15,24 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support import ServerProcess
+from tests.support import ServerProcess, rss_anon_with_children
 
 FILES = 6
 ROWS_PER_FILE = 24_000  # one row group of ~6.5 MB each
 COLD_READ_MEMORY = 48 * 1024 * 1024
 TAKE = "/datasets/cold/rows/take"
-
-
-def _rss_anon(pid: int) -> int:
-    """`RssAnon` of the server: its process and their children (the supervised worker), in bytes."""
-    total = 0
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            total = next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:")), 0)
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as children:
-            return total + sum(_rss_anon(int(child)) for child in children.read().split())
-    except (FileNotFoundError, ProcessLookupError):
-        return total
 
 
 def _write(root: Path) -> None:
@@ -55,7 +43,7 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 
 def test_concurrent_cold_takes_of_large_row_groups_stay_within_the_budget(server: ServerProcess) -> None:
     pid = server.process.pid if server.process else 0
-    baseline, peak, wrong = _rss_anon(pid), 0, []
+    baseline, peak, wrong = rss_anon_with_children(pid), 0, []
     stop = threading.Event()
 
     def client(seed: int) -> None:
@@ -73,7 +61,7 @@ def test_concurrent_cold_takes_of_large_row_groups_stay_within_the_budget(server
         thread.start()
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline:
-        peak = max(peak, _rss_anon(pid))
+        peak = max(peak, rss_anon_with_children(pid))
         time.sleep(0.02)
     stop.set()
     for thread in threads:

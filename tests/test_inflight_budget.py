@@ -17,25 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from app.api.inflight import InflightBudget
-from tests.support import ServerProcess, assert_tables_equal, read_stream
+from tests.support import ServerProcess, assert_tables_equal, read_stream, rss_anon_with_children
 
 ROWS = 480
 BLOB_BYTES = 256 * 1024  # 120 MiB in all: every stalled take asks for all of it
 BUDGET = 96 * 1024 * 1024
 STALLED = 12
 TAKE = "/datasets/blobs/rows/take"
-
-
-def _rss_anon(pid: int) -> int:
-    """`RssAnon` of the server: its process and their children (the supervised worker), in bytes."""
-    total = 0
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            total = next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:")), 0)
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as children:
-            return total + sum(_rss_anon(int(child)) for child in children.read().split())
-    except (FileNotFoundError, ProcessLookupError):
-        return total
 
 
 def _blob(row: int) -> bytes:
@@ -71,7 +59,7 @@ def _stalled_take(server: ServerProcess) -> socket.socket:
 
 def test_stalled_readers_hold_at_most_the_budget_and_others_get_their_rows(server: ServerProcess) -> None:
     pid = server.process.pid if server.process else 0
-    baseline = _rss_anon(pid)
+    baseline = rss_anon_with_children(pid)
     stalled = [_stalled_take(server) for _ in range(STALLED)]
     peak, errors, served = baseline, [], [0]
     stop = threading.Event()
@@ -93,7 +81,7 @@ def test_stalled_readers_hold_at_most_the_budget_and_others_get_their_rows(serve
             thread.start()
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
-            peak = max(peak, _rss_anon(pid))
+            peak = max(peak, rss_anon_with_children(pid))
             time.sleep(0.05)
     finally:
         stop.set()
