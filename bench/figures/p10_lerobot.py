@@ -26,7 +26,6 @@ The sample counts are P9's; the real peers draw as many as episerve's loaders.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Iterable
 from functools import partial
@@ -44,7 +43,7 @@ from bench.figures.p3_loader import samples_per_second
 from bench.figures.p9_camera import warm_seconds
 from bench.peers.lerobot_camera import LeRobotStyleCameraSamples
 from bench.peers.real import LABELS as REAL
-from bench.peers.real import PeerFailed, RealPeers, directory_bytes
+from bench.peers.real import RealPeers, directory_bytes
 from bench.processes import EpiserveServer
 from bench.report import Row
 from bench.timing import Figures, in_rounds, medians, ratio_spread
@@ -180,10 +179,7 @@ def _measure(
 ) -> Figures:
     if key in REAL:
         assert isinstance(peers, RealPeers)
-        try:
-            return {KEY: peers.measure(key, dataset, samples, BATCH, WORKERS)}
-        except PeerFailed:
-            return {KEY: math.nan}  # the row says it failed; the log has the peer's stderr
+        return {KEY: peers.measured_or_nan(key, dataset, samples, BATCH, WORKERS)}
     return {KEY: samples_per_second(loaders[key], peer_samples if key == "lerobot" else samples, BATCH)}
 
 

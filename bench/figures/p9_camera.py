@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import subprocess
 import sys
 import time
@@ -52,7 +51,7 @@ from bench.peers.camera_decode import LeRobotStyleFrames, decode_ceiling
 from bench.peers.frame_mmap import MmapFrames, write_frames
 from bench.peers.mmap_loader import identity
 from bench.peers.real import LABELS as REAL
-from bench.peers.real import PeerFailed, RealPeers
+from bench.peers.real import RealPeers
 from bench.processes import EpiserveServer, _clean_env, app_dir
 from bench.report import Row
 from bench.timing import Figures, in_rounds, medians, ratio_spread
@@ -238,10 +237,7 @@ def _measure(
 ) -> Figures:
     if key in REAL:
         assert isinstance(peers, RealPeers)
-        try:
-            return {FPS_KEY: peers.measure(key, dataset, samples, BATCH, WORKERS, frames=True)}
-        except PeerFailed:
-            return {FPS_KEY: math.nan}  # the row says it failed; the log has the peer's stderr
+        return {FPS_KEY: peers.measured_or_nan(key, dataset, samples, BATCH, WORKERS, frames=True)}
     if key in CEILINGS:
         return {FPS_KEY: decode_ceiling(dataset, CEILINGS[key])}
     drawn = peer_samples if key == "lerobot" else samples

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -76,6 +77,15 @@ class RealPeers:
         command += ["--frames"] if frames else []
         command += ["--samples", str(samples), "--batch", str(batch), "--workers", str(workers)]
         return float(self._run(command)["samples_per_s"])
+
+    def measured_or_nan(
+        self, key: str, dataset: CameraDataset, samples: int, batch: int, workers: int, frames: bool = False
+    ) -> float:
+        """`measure`, or NaN when the peer failed (the row then says so; the log has the peer's stderr)."""
+        try:
+            return self.measure(key, dataset, samples, batch, workers, frames)
+        except PeerFailed:
+            return math.nan
 
     def samples(
         self, key: str, dataset: CameraDataset, indices: list[int], frames: bool = False
