@@ -1,5 +1,6 @@
 # Quick start: `make serve` (the demo dataset on http://127.0.0.1:8000, with the server and the client installed and
-# nothing else) and `make test` (adds the dev and test tools and torch's CPU build, then runs the whole suite).
+# nothing else; `make serve PORT=8080` for another port) and `make test` (adds the dev and test tools and torch's CPU
+# build, then runs the whole suite).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -14,7 +15,7 @@ STAMP := $(VENV)/.installed
 # anywhere it stops rather than install a CUDA build. `make test TORCH_INDEX=<url>` names a mirror of that index.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv serve-venv ui ui-check serve test wheels lint format clean
+.PHONY: venv serve-venv ui ui-check serve test docs wheels lint format clean
 
 $(SERVE_STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,12 +52,17 @@ ui-check:
 	cd ui && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error && node build.mjs --check
 
 serve: $(SERVE_STAMP)
-	$(BIN)/episerve-server serve
+	$(BIN)/episerve-server serve $(if $(PORT),--port $(PORT))
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2 -q
+
+# The documentation site (mkdocs.yml, docs/) into site/, strictly: a broken link or anchor, or a page left out of the
+# nav, fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Wheels of the server (viewer included) and of the client, into dist/.
 wheels: $(STAMP)
@@ -72,4 +78,4 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis ui/node_modules dist build client/build
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis ui/node_modules dist build client/build site

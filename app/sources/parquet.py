@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from app.errors import DatasetError, InvalidInput
 from app.sources.files import DatasetPath, is_remote_path, opened_etag, opened_parquet, parquet_input, store_reads
+from app.sources.fixed_lists import as_stored, readable_footer
 from app.sources.json_files import read_json
 from app.sources.object_store import RemotePath
 from app.sources.source import (
@@ -129,11 +130,11 @@ class ParquetSource:
         with opened_parquet(path) as handle:
             check_version(path, etag, opened_etag(handle))
             if is_remote_path(self.root):
-                parquet = pq.ParquetFile(handle, pre_buffer=True)
+                parquet = open_parquet_file(handle, pre_buffer=True)
                 batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
                 batches = _batches_by_row_group(parquet, batch_rows, BUILD_READ_BATCHES * batch_bytes)
             else:
-                parquet = pq.ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)
+                parquet = open_parquet_file(handle, buffer_size=1 << 20, pre_buffer=False)
                 batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
                 batches = parquet.iter_batches(batch_size=batch_rows, use_threads=False)
             for batch in batches:
@@ -154,6 +155,7 @@ class ParquetRowGroups:
         self.path = path
         self.etag = etag
         self.remote = is_remote_path(path)
+        self._fragment: ds.ParquetFileFragment | None = None
         with store_reads(path):
             if self.remote:  # the footer read once, for the geometry and every read after it
                 opened = parquet_input(path)
@@ -165,10 +167,14 @@ class ParquetRowGroups:
                 self._fragment = _REMOTE_FORMAT.make_fragment(opened)
                 self._fragment.ensure_complete_metadata()
                 metadata, self._names = self._fragment.metadata, set(self._fragment.physical_schema.names)
+                footer = readable_footer(metadata)
+                if footer is not None:  # a fragment reads through the file's own footer: a file, through this one
+                    self._fragment = None
+                    self._file = pq.ParquetFile(opened, metadata=footer, pre_buffer=True)
             else:
                 # Without pre-buffering: a pre-buffered reader keeps every column chunk it read (a whole row
                 # group's compressed bytes) until the file object goes, i.e. for the request's whole read.
-                self._file = pq.ParquetFile(str(path), pre_buffer=False)
+                self._file = open_parquet_file(str(path), pre_buffer=False)
                 metadata, self._names = self._file.metadata, set(self._file.schema_arrow.names)
         groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
         self.offsets = np.concatenate(([0], np.cumsum([g.num_rows for g in groups]))).astype(np.int64)
@@ -179,11 +185,13 @@ class ParquetRowGroups:
     def read(self, groups: list[int], wanted: pa.Schema) -> pa.Table:
         columns = [name for name in wanted.names if name in self._names]
         with store_reads(self.path):
-            if self.remote:
+            if self._fragment is not None:
                 table = self._fragment.subset(row_group_ids=groups).to_table(columns=columns, use_threads=False)
+            else:
+                table = self._file.read_row_groups(groups, columns=columns, use_threads=False)
+            if self.remote:
                 check_version(self.path, self.etag)  # the ranged GETs read the version the index was built from
-                return table
-            return self._file.read_row_groups(groups, columns=columns, use_threads=False)
+            return table
 
     def read_plan(self, groups: np.ndarray) -> list[list[int]]:
         if not self.remote:
@@ -251,13 +259,32 @@ def has_parquet_files(path: DatasetPath) -> bool:
 def read_parquet_rows(path: DatasetPath, columns: list[str]) -> list[dict[str, Any]]:
     """The given columns of a (small, metadata) parquet file as Python rows."""
     with opened_parquet(path) as handle:
-        return pq.read_table(handle, columns=columns).to_pylist()
+        return _read_whole(handle, columns).to_pylist()
 
 
 def read_parquet_table(path: DatasetPath) -> pa.Table:
     """A whole (small, metadata) parquet file. (`pq.read_table` would import pandas, seconds on a first request.)"""
     with opened_parquet(path) as handle:
-        return pq.ParquetFile(handle).read()
+        return _read_whole(handle, None)
+
+
+def open_parquet_file(source: Any, **options: Any) -> pq.ParquetFile:
+    """`pq.ParquetFile(source, **options)`, through a footer this pyarrow reads every column with (a fixed-size list
+    column holding nulls, before pyarrow 26: see `app.sources.fixed_lists`); its batches may then hold plain lists
+    where the file has fixed-size ones, which `conform_batch` casts back."""
+    parquet = pq.ParquetFile(source, **options)
+    footer = readable_footer(parquet.metadata)
+    return parquet if footer is None else pq.ParquetFile(source, metadata=footer, **options)
+
+
+def _read_whole(handle: Any, columns: list[str] | None) -> pa.Table:
+    parquet = pq.ParquetFile(handle)
+    footer = readable_footer(parquet.metadata)
+    if footer is None:
+        return parquet.read(columns=columns)
+    table = pq.ParquetFile(handle, metadata=footer).read(columns=columns)
+    stored = parquet.schema_arrow
+    return as_stored(table, pa.schema([stored.field(name) for name in table.column_names], metadata=stored.metadata))
 
 
 def parquet_column_names(path: DatasetPath) -> list[str]:

@@ -4,7 +4,7 @@
 # A venv of Python 3.10 gets the server, the client (numpy output, with Pillow) and the test tools, pinned by
 # constraints.txt (its `python_version < "3.11"` lines), and runs the client's tests (whose session server runs on
 # that same 3.10) and a selection of the server's HTTP tests (rows, errors, the catalog's skipped directories,
-# freshness), kept small for CI's time: the whole suite on 3.10 is `$VENV/bin/python -m pytest` in such a venv. No torch: the only CPU build of torch at hand
+# freshness, fixed-size lists with nulls), kept small for CI's time: the whole suite on 3.10 is `$VENV/bin/python -m pytest` in such a venv. No torch: the only CPU build of torch at hand
 # on machines of this project is for Python 3.11, and constraints.txt pins the CPU build (2.13.0+cpu), so a 3.10
 # install can only fail, never fall back to a CUDA build; the test modules that import torch are not collected.
 #
@@ -41,5 +41,6 @@ echo "python 3.10: $("$python" -V 2>&1) at $python"
 echo "python 3.10: installed in $(( $(date +%s) - T0 )) s ($(du -sm "$WORK/venv" | cut -f1) MB, no torch)"
 
 "$WORK/venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider \
-  tests/client tests/test_rows.py tests/test_errors.py tests/test_skipped_directories.py tests/test_freshness.py
+  tests/client tests/test_rows.py tests/test_errors.py tests/test_skipped_directories.py tests/test_freshness.py \
+  tests/test_fixed_lists.py
 echo "python 3.10: done in $(( $(date +%s) - T0 )) s"
