@@ -91,6 +91,16 @@ def test_dataloader_batches_equal_the_stacked_samples(robots_url: str) -> None:
                     assert list(batch[key]) == value, key
 
 
+def test_a_spawned_worker_unpickles_the_mixture(robots_url: str) -> None:
+    dataset = RemoteLeRobotDataset(robots_url, CROSS, delta_timestamps=WINDOWS)
+    dataset.set_epoch(1)
+    loader = DataLoader(dataset, batch_size=4, num_workers=1, multiprocessing_context="spawn", collate_fn=collate)
+    batch = next(iter(loader))
+    expected = collate(dataset.__getitems__([0, 1, 2, 3]))
+    for key, value in expected.items():
+        assert torch.equal(batch[key], value) if isinstance(value, torch.Tensor) else batch[key] == value, key
+
+
 def test_meta_describes_the_mixture_in_lerobots_shapes(robots_url: str) -> None:
     dataset = RemoteLeRobotDataset(robots_url, CROSS, delta_timestamps=WINDOWS)
     meta = dataset.meta
