@@ -130,6 +130,22 @@ def test_lerobot_dataset_of_a_mixture_repo_id_is_a_mixture(switched: str) -> Non
     assert dataset.version == RemoteLeRobotDataset(switched, "mixture:cross").version
 
 
+def test_episode_aware_sampler_permutes_the_mixtures_positions(switched: str) -> None:
+    """lerobot_train builds EpisodeAwareSampler from `meta.episodes` and `dataset.episodes` (policies with
+    `drop_n_last_frames`): over a mixture it shuffles the epoch's positions, dropping that many at its end."""
+    from lerobot.datasets.sampler import EpisodeAwareSampler
+
+    dataset = lerobot_dataset.LeRobotDataset(f"[{ARM6},{ARM9}]")
+    sampler = EpisodeAwareSampler(
+        dataset.meta.episodes["dataset_from_index"],
+        dataset.meta.episodes["dataset_to_index"],
+        episode_indices_to_use=dataset.episodes,
+        drop_n_last_frames=7,
+        shuffle=True,
+    )
+    assert sorted(sampler) == list(range(len(dataset) - 7))
+
+
 def test_make_dataset_makes_a_mixture_as_lerobot_makes_one_dataset(switched: str) -> None:
     """Windows from the policy's delta indices at the metadata's fps, ImageNet statistics for every camera."""
     from lerobot.configs.default import DatasetConfig
