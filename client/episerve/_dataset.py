@@ -46,13 +46,19 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
     Given an `episerve.Mixture` instead of a dataset id, it makes a `MixtureDataset` with the same arguments.
     """
 
-    def __new__(cls, url: Any = None, dataset_id: Any = None, *args: Any, **kwargs: Any) -> Any:
-        mixture = kwargs.pop("dataset_id", dataset_id)
-        if cls is EpisodeDataset and isinstance(mixture, Mixture):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        instead = cls._instead(*args, **kwargs)
+        return super().__new__(cls) if instead is None else instead
+
+    @classmethod
+    def _instead(cls, url: Any = None, dataset_id: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """The dataset to make instead of an instance of `cls` for these constructor arguments (None: an instance):
+        here a `MixtureDataset` for a `Mixture`; a subclass may answer for its own arguments."""
+        if cls is EpisodeDataset and isinstance(dataset_id, Mixture):
             from episerve._mixture_dataset import mixture_dataset
 
-            return mixture_dataset(url, mixture, args, kwargs)
-        return super().__new__(cls)
+            return mixture_dataset(url, dataset_id, args, kwargs)
+        return None
 
     def __init__(
         self,

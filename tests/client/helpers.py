@@ -16,6 +16,17 @@ DEMO = "lerobot/demo-v3"
 VECTORS = ("observation.state", "action")
 SCALARS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
+# Two robots' datasets of the `robots_url` server (tests/client/conftest.py), for the LeRobot drop-in over mixtures.
+PICK, FOLD = "so100/pick", "aloha/fold"  # 6 joints and camera `top`; 9 joints, cameras `cam_high` and `wrist`
+ARM6, ARM9, SLOW = "images/arm6", "images/arm9", "images/slow"  # parquet images; 6 and 9 joints; 15 fps
+TOP, HIGH, WRIST = "observation.images.top", "observation.images.cam_high", "observation.images.wrist"
+CROSS_DOCUMENT = {
+    "components": [
+        {"dataset": PICK, "weight": 2},
+        {"dataset": FOLD, "weight": 1, "episodes": "1-3", "features": {HIGH: TOP}},
+    ]
+}
+
 
 class PinnedPortServer(ServerProcess):
     """A `ServerProcess` that picks a free port on its first start and keeps it for every restart."""

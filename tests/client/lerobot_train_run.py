@@ -5,8 +5,8 @@
 
 `lerobot` runs `lerobot.scripts.lerobot_train.main()` as is; `episerve` runs `python -m episerve.lerobot.train`'s
 `main()`. Either way the training script is LeRobot's, unchanged: this only wraps two of its module functions to
-watch it, `update_policy` (each step's loss and gradient norm) and `cycle` (the first batch the DataLoader gave, and
-the dataset's class and windows). RECORD.pt is written with `torch.save` when training ends.
+watch it, `update_policy` (each step's loss and gradient norm) and `cycle` (every batch the DataLoader gave, the first
+as `first_batch`, and the dataset's class and windows). RECORD.pt is written with `torch.save` when training ends.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ def _watch_cycle(original: Any) -> Any:
         record["dataset_class"] = type(dataset).__name__
         record["delta_timestamps"] = getattr(dataset, "delta_timestamps", None)
         record["sampler"] = _sampler_name(dataloader)
-        batches = original(dataloader)
-        first = next(batches)
-        record["first_batch"] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in first.items()}
-        yield first
-        yield from batches
+        record["batches"] = []
+        for batch in original(dataloader):
+            record["batches"].append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+            record["first_batch"] = record["batches"][0]
+            yield batch
 
     return cycle
 

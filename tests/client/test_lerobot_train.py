@@ -240,11 +240,12 @@ def test_metadata_has_lerobots_shapes(train_server: ServerProcess, image_root: P
 
 
 def test_served_classes_take_lerobots_signatures() -> None:
-    from episerve.lerobot._switch import ServedLeRobotDataset, ServedLeRobotDatasetMetadata
+    from episerve.lerobot._switch import ServedLeRobotDataset, ServedLeRobotDatasetMetadata, ServedMultiLeRobotDataset
 
     for served, own in (
         (ServedLeRobotDataset, lerobot_dataset.LeRobotDataset),
         (ServedLeRobotDatasetMetadata, lerobot_dataset.LeRobotDatasetMetadata),
+        (ServedMultiLeRobotDataset, lerobot_dataset.MultiLeRobotDataset),
     ):
         theirs = inspect.signature(own).parameters
         ours = inspect.signature(served).parameters
@@ -288,18 +289,13 @@ def test_switch_replaces_lerobots_classes(switched: str) -> None:
         lerobot_dataset.LeRobotDataset("img-v3", revision="main")
     with pytest.raises(ValueError, match="Unsupported video backend"):
         lerobot_dataset.LeRobotDataset("img-v3", video_backend="opencv")
-    with pytest.raises(NotImplementedError, match="mixtures of datasets come in a later release"):
-        lerobot_dataset.MultiLeRobotDataset(["img-v3", "img-v21"])
 
 
-def test_make_dataset_refuses_mixtures_and_streaming_clearly(switched: str) -> None:
+def test_make_dataset_refuses_streaming_clearly(switched: str) -> None:
     from lerobot.configs.default import DatasetConfig
     from lerobot.configs.train import TrainPipelineConfig
     from lerobot.datasets.factory import make_dataset
 
-    config = TrainPipelineConfig(dataset=DatasetConfig(repo_id=["img-v3", "img-v21"]))
-    with pytest.raises(NotImplementedError, match=r"--dataset.repo_id='\[a,b\]'"):
-        make_dataset(config)
     config = TrainPipelineConfig(dataset=DatasetConfig(repo_id="img-v3", streaming=True))
     with pytest.raises(NotImplementedError, match="streaming"):
         make_dataset(config)

@@ -39,3 +39,10 @@ def check_video_backend(video_backend: str | None) -> str:
     if video_backend is not None and video_backend not in VIDEO_BACKENDS:
         raise ValueError(f"Unsupported video backend: {video_backend} (LeRobot's are {', '.join(VIDEO_BACKENDS)})")
     return video_backend or "pyav"
+
+
+def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float | None) -> dict[str, list[int]] | None:
+    """LeRobot's `delta_indices`: each window's offsets in frames at `fps`."""
+    if delta_timestamps is None or not fps:
+        return None
+    return {key: [round(d * fps) for d in deltas] for key, deltas in delta_timestamps.items()}

@@ -19,7 +19,7 @@ from episerve._client import Client, connect
 from episerve._retry import Retries
 from episerve.lerobot._arguments import check_revision
 
-__all__ = ["EpisodeTable", "RemoteLeRobotDatasetMetadata"]
+__all__ = ["EpisodeTable", "LeRobotInfo", "RemoteLeRobotDatasetMetadata"]
 
 _CAMERA_DTYPES = ("image", "video")
 CODEBASE_VERSION = "v3.0"  # the LeRobot format version whose metadata shapes these are (LeRobot 0.4.4)
@@ -65,69 +65,18 @@ class EpisodeTable:
 
     def to_pandas(self) -> Any:
         """The table as a pandas DataFrame (needs pandas)."""
-        return _pandas().DataFrame(self._rows, columns=self.column_names)
+        return pandas_module().DataFrame(self._rows, columns=self.column_names)
 
     def __repr__(self) -> str:
         return f"EpisodeTable(columns={self.column_names}, num_rows={self.num_rows})"
 
 
-class RemoteLeRobotDatasetMetadata:
-    """What `LeRobotDatasetMetadata` tells training code, as the server describes the dataset, in LeRobot's shapes.
+class LeRobotInfo:
+    """The properties LeRobot's `LeRobotDatasetMetadata` derives from `info` (meta/info.json as LeRobot loads it),
+    shared by one dataset's metadata and a mixture's."""
 
-    `info` (meta/info.json, feature shapes as tuples, each camera's `shape` as served), `fps`, `features`,
-    `robot_type`, `camera_keys`/`video_keys`/`image_keys`, `names`, `shapes`, `tasks` (a pandas DataFrame indexed
-    by task, column `task_index`, rows in task_index order), `episodes` (an `EpisodeTable`), `stats`
-    (`{feature: {stat: numpy array}}`, from meta/stats.json or merged from v2.1's episode statistics, as LeRobot
-    loads them; None without statistics files), `total_episodes`, `total_frames`, `total_tasks`, `chunks_size`,
-    `data_path`, `video_path`, `revision`, `root`, `get_task_index(task)`; `tasks_by_index` is `{task_index: task}`.
-
-    `url` is the server (or a `Client`), `repo_id` the dataset's id there. `root` is kept as `meta.root` and not
-    read (the server owns the files); `revision` must be None or the dataset's own version (see
-    `episerve.lerobot._arguments`); `force_cache_sync` and `metadata_buffer_size` (recording) change nothing.
-    """
-
-    def __init__(
-        self,
-        url: str | Client,
-        repo_id: str,
-        *,
-        root: str | os.PathLike[str] | None = None,
-        revision: str | None = None,
-        force_cache_sync: bool = False,
-        metadata_buffer_size: int = 10,
-        token: str | None = None,
-        retries: Retries | int | None = None,
-    ) -> None:
-        client = connect(url, token, retries, None)
-        described = client.info(repo_id)
-        self.repo_id = repo_id
-        self.root = Path(root) if root is not None else None
-        self.columns = [c["name"] for c in described["columns"] if "video" not in c]
-        self.info = _info(described)
-        self.revision = check_revision(revision, self.info["codebase_version"])
-        self.tasks_by_index = {int(index): task for index, task in (described.get("tasks") or {}).items()}
-        self.episodes = EpisodeTable(client.episodes(repo_id))
-        self.stats = _stats_arrays(client.stats(repo_id))
-        self.subtasks = None
-        self.total_frames = int(described["rows"])
-        self.total_episodes = len(self.episodes)
-        self._tasks: Any = None
-
-    @property
-    def tasks(self) -> Any:
-        """LeRobot's tasks table: a pandas DataFrame indexed by task string, column `task_index` (needs pandas)."""
-        if self._tasks is None:
-            pandas = _pandas()
-            ordered = sorted(self.tasks_by_index.items())
-            self._tasks = pandas.DataFrame(
-                {"task_index": np.array([index for index, _ in ordered], dtype=np.int64)},
-                index=[task for _, task in ordered],  # unnamed, as LeRobot 0.4.4 writes and reads it
-            )
-        return self._tasks
-
-    def get_task_index(self, task: str) -> int | None:
-        """The index of `task`, None if the dataset has no such task (LeRobot's method)."""
-        return next((index for index, name in self.tasks_by_index.items() if name == task), None)
+    info: dict[str, Any]
+    repo_id: Any
 
     @property
     def fps(self) -> int | float:
@@ -178,16 +127,77 @@ class RemoteLeRobotDatasetMetadata:
         return [key for key, feature in self.features.items() if feature.get("dtype") in _CAMERA_DTYPES]
 
     @property
-    def total_tasks(self) -> int:
-        return len(self.tasks_by_index)
-
-    @property
     def names(self) -> dict[str, Any]:
         return {key: feature.get("names") for key, feature in self.features.items()}
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {key: tuple(feature.get("shape") or ()) for key, feature in self.features.items()}
+
+
+class RemoteLeRobotDatasetMetadata(LeRobotInfo):
+    """What `LeRobotDatasetMetadata` tells training code, as the server describes the dataset, in LeRobot's shapes.
+
+    `info` (meta/info.json, feature shapes as tuples, each camera's `shape` as served), `fps`, `features`,
+    `robot_type`, `camera_keys`/`video_keys`/`image_keys`, `names`, `shapes`, `tasks` (a pandas DataFrame indexed
+    by task, column `task_index`, rows in task_index order), `episodes` (an `EpisodeTable`), `stats`
+    (`{feature: {stat: numpy array}}`, from meta/stats.json or merged from v2.1's episode statistics, as LeRobot
+    loads them; None without statistics files), `total_episodes`, `total_frames`, `total_tasks`, `chunks_size`,
+    `data_path`, `video_path`, `revision`, `root`, `get_task_index(task)`; `tasks_by_index` is `{task_index: task}`
+    and `column_types` the Arrow type (as text) of each stored column.
+
+    `url` is the server (or a `Client`), `repo_id` the dataset's id there. `root` is kept as `meta.root` and not
+    read (the server owns the files); `revision` must be None or the dataset's own version (see
+    `episerve.lerobot._arguments`); `force_cache_sync` and `metadata_buffer_size` (recording) change nothing.
+    """
+
+    def __init__(
+        self,
+        url: str | Client,
+        repo_id: str,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        revision: str | None = None,
+        force_cache_sync: bool = False,
+        metadata_buffer_size: int = 10,
+        token: str | None = None,
+        retries: Retries | int | None = None,
+    ) -> None:
+        client = connect(url, token, retries, None)
+        described = client.info(repo_id)
+        self.repo_id = repo_id
+        self.root = Path(root) if root is not None else None
+        self.column_types = {c["name"]: c["type"] for c in described["columns"] if "video" not in c}
+        self.columns = list(self.column_types)
+        self.info = _info(described)
+        self.revision = check_revision(revision, self.info["codebase_version"])
+        self.tasks_by_index = {int(index): task for index, task in (described.get("tasks") or {}).items()}
+        self.episodes = EpisodeTable(client.episodes(repo_id))
+        self.stats = _stats_arrays(client.stats(repo_id))
+        self.subtasks = None
+        self.total_frames = int(described["rows"])
+        self.total_episodes = len(self.episodes)
+        self._tasks: Any = None
+
+    @property
+    def tasks(self) -> Any:
+        """LeRobot's tasks table: a pandas DataFrame indexed by task string, column `task_index` (needs pandas)."""
+        if self._tasks is None:
+            pandas = pandas_module()
+            ordered = sorted(self.tasks_by_index.items())
+            self._tasks = pandas.DataFrame(
+                {"task_index": np.array([index for index, _ in ordered], dtype=np.int64)},
+                index=[task for _, task in ordered],  # unnamed, as LeRobot 0.4.4 writes and reads it
+            )
+        return self._tasks
+
+    def get_task_index(self, task: str) -> int | None:
+        """The index of `task`, None if the dataset has no such task (LeRobot's method)."""
+        return next((index for index, name in self.tasks_by_index.items() if name == task), None)
+
+    @property
+    def total_tasks(self) -> int:
+        return len(self.tasks_by_index)
 
     def __repr__(self) -> str:
         return (
@@ -237,7 +247,8 @@ def _stats_arrays(stats: dict[str, Any] | None) -> dict[str, dict[str, np.ndarra
     return {feature: {name: np.array(values) for name, values in part.items()} for feature, part in stats.items()}
 
 
-def _pandas() -> Any:
+def pandas_module() -> Any:
+    """pandas, which LeRobot's metadata tables need (an ImportError saying so without it)."""
     try:
         import pandas
     except ImportError as exc:

@@ -18,12 +18,13 @@ from episerve._client import Client, connect
 from episerve._collate import collate
 from episerve._dataset import EpisodeDataset
 from episerve._episodes import episode_count
-from episerve._extras import install_hint
+from episerve._extras import require_images
 from episerve._output_lerobot import LeRobotFormatter
 from episerve._outputs import formatter
 from episerve._retry import Retries
-from episerve.lerobot._arguments import check_video_backend
+from episerve.lerobot._arguments import check_video_backend, delta_indices
 from episerve.lerobot._metadata import RemoteLeRobotDatasetMetadata
+from episerve.lerobot._mixture_repo import is_mixture_repo
 
 
 class RemoteLeRobotDataset(EpisodeDataset):
@@ -43,6 +44,16 @@ class RemoteLeRobotDataset(EpisodeDataset):
     """
 
     output: LeRobotFormatter  # turns each batch's columns into LeRobot's samples
+
+    @classmethod
+    def _instead(cls, url: Any = None, repo_id: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """A `RemoteLeRobotMixture` when `repo_id` names several datasets (see `episerve.lerobot._mixture_repo`)."""
+        repo_id = kwargs.pop("repo_id", repo_id)
+        if not is_mixture_repo(repo_id):
+            return None
+        from episerve.lerobot._remote_mixture import RemoteLeRobotMixture
+
+        return RemoteLeRobotMixture(url, repo_id, *args, **kwargs)
 
     def __init__(
         self,
@@ -78,13 +89,13 @@ class RemoteLeRobotDataset(EpisodeDataset):
         self.delta_timestamps = (
             {k: [float(d) for d in v] for k, v in delta_timestamps.items()} if delta_timestamps else None
         )
-        self.delta_indices = _delta_indices(self.delta_timestamps, self.meta.fps)
+        self.delta_indices = delta_indices(self.delta_timestamps, self.meta.fps)
         self._stored = [name for name in self.meta.columns if name not in self.meta.video_keys]
         if self.meta.features:  # LeRobot's item order: info.json's feature order, not the file's
             order = {name: n for n, name in enumerate(self.meta.features)}
             self._stored.sort(key=lambda name: order.get(name, len(order)))
         if self.meta.image_keys:
-            _require_pillow()
+            require_images()
         super().__init__(
             client,
             repo_id,
@@ -146,16 +157,3 @@ class RemoteLeRobotDataset(EpisodeDataset):
             f"RemoteLeRobotDataset({self.client.url!r}, {self.repo_id!r}, episodes={self.num_episodes}, "
             f"frames={self.num_frames}, cameras={self.camera_keys})"
         )
-
-
-def _delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float | None) -> dict[str, list[int]] | None:
-    if delta_timestamps is None or not fps:
-        return None
-    return {key: [round(d * fps) for d in deltas] for key, deltas in delta_timestamps.items()}
-
-
-def _require_pillow() -> None:
-    try:
-        import PIL  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(f"datasets with image features need Pillow: {install_hint('torch', 'images')}") from exc

@@ -1,6 +1,12 @@
 """The switch: LeRobot's own `LeRobotDataset`, `LeRobotDatasetMetadata` and `MultiLeRobotDataset` served by an
 episerve server, for LeRobot's unchanged training script.
 
+Several datasets are a mixture (`RemoteLeRobotMixture`): `MultiLeRobotDataset(repo_ids)`, and LeRobot's
+`make_dataset` for `--dataset.repo_id='[a,b]'` (weights proportional to the datasets' rows),
+`--dataset.repo_id=mixture:NAME` (the server's named mixture) or `--dataset.repo_id=mixture:FILE.yaml` (a
+mixture document), which LeRobot 0.4.4 itself refuses or cannot read: the dataset is made as LeRobot makes one
+(windows from the policy's delta indices and the metadata's fps, image transforms, ImageNet statistics).
+
 `use_server(url)` replaces those three classes, and `make_dataset`, wherever an imported module holds them
 (`lerobot.datasets.lerobot_dataset`, `lerobot.datasets.factory`, `lerobot.scripts.lerobot_train`, and a user's
 module that imported `LeRobotDataset` by name before the switch); modules imported later take the replacements
@@ -15,6 +21,7 @@ for another release (LeRobot's main picks a storage reader by `storage_format` i
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +29,10 @@ from typing import Any
 
 from episerve._client import Client
 from episerve.lerobot._metadata import RemoteLeRobotDatasetMetadata
+from episerve.lerobot._mixture_metadata import RemoteLeRobotMixtureMetadata
+from episerve.lerobot._mixture_repo import is_mixture_repo, lerobot_mixture
 from episerve.lerobot._remote_dataset import RemoteLeRobotDataset
+from episerve.lerobot._remote_mixture import RemoteLeRobotMixture
 
 __all__ = [
     "ServedLeRobotDataset",
@@ -34,10 +44,9 @@ __all__ = [
 
 URL_VARIABLE = "EPISERVE_LEROBOT_URL"
 TOKEN_VARIABLE = "EPISERVE_LEROBOT_TOKEN"
-MIXTURES_NOT_SERVED = (
-    "episerve: training on several datasets at once (MultiLeRobotDataset, --dataset.repo_id='[a,b]') is not "
-    "served through the LeRobot switch yet; weighted mixtures of datasets come in a later release. Train on one "
-    "dataset id."
+EPISODES_OF_SEVERAL = (
+    "episerve: --dataset.episodes picks episodes of one dataset; to pick episodes of several, write a mixture "
+    "document with each component's `episodes` and pass --dataset.repo_id=mixture:FILE.yaml"
 )
 STREAMING_NOT_SERVED = (
     "episerve: --dataset.streaming=true (StreamingLeRobotDataset) is not served through the LeRobot switch; "
@@ -51,7 +60,7 @@ _originals: dict[str, Any] = {}
 def use_server(url: str, token: str | None = None) -> None:
     """From now on, in this process and its DataLoader workers, LeRobot's datasets are served by the episerve
     server at `url`: `LeRobotDataset(repo_id, ...)` is `ServedLeRobotDataset` over the server's dataset `repo_id`,
-    `LeRobotDatasetMetadata` its metadata, and several datasets at once a clear error (not yet served). `token`
+    `LeRobotDatasetMetadata` its metadata, and several datasets a mixture (see the module docstring). `token`
     (default: `$EPISERVE_TOKEN`) authenticates to the server. Needs LeRobot installed; may be called again to
     change the server."""
     _server.update(url=url, token=token, client=None, pid=None)
@@ -101,7 +110,15 @@ class ServedLeRobotDatasetMetadata(RemoteLeRobotDatasetMetadata):
 class ServedLeRobotDataset(RemoteLeRobotDataset):
     """`LeRobotDataset` with LeRobot 0.4.4's signature (positional order included), served by the switched server:
     `RemoteLeRobotDataset` over dataset `repo_id`. See `episerve.lerobot._arguments` for the arguments that change
-    nothing on a server and those refused."""
+    nothing on a server and those refused. A `repo_id` naming several datasets makes a `RemoteLeRobotMixture`."""
+
+    @classmethod
+    def _instead(cls, *args: Any, **kwargs: Any) -> Any:
+        """A `RemoteLeRobotMixture` over the switched server for a `repo_id` naming several datasets."""
+        arguments = inspect.signature(cls.__init__).bind_partial(None, *args, **kwargs).arguments
+        arguments.pop("self")
+        repo_id = arguments.pop("repo_id", None)
+        return RemoteLeRobotMixture(_client(), repo_id, **arguments) if is_mixture_repo(repo_id) else None
 
     def __init__(
         self,
@@ -141,20 +158,78 @@ class ServedLeRobotDataset(RemoteLeRobotDataset):
         )
 
 
-class ServedMultiLeRobotDataset:
-    """`MultiLeRobotDataset` through the switch: not served yet (a clear error, whatever the arguments)."""
+class ServedMultiLeRobotDataset(RemoteLeRobotMixture):
+    """`MultiLeRobotDataset` with LeRobot 0.4.4's signature, served by the switched server: the mixture of
+    `repo_ids` weighted by their rows (`episodes`: `{repo_id: [episode ids]}`), so that an epoch holds every row
+    once as LeRobot's concatenation did. Unlike LeRobot's, features only some datasets have are kept where they
+    can be (vectors padded with `<name>_is_real`, cameras flagged `<camera>_is_missing`) and `delta_timestamps`
+    are honoured; `tolerances_s` (`{repo_id: seconds}`) must give every dataset one tolerance."""
 
-    def __init__(self, repo_ids: list[str], *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(MIXTURES_NOT_SERVED)
+    def __init__(
+        self,
+        repo_ids: list[str],
+        root: str | os.PathLike[str] | None = None,
+        episodes: dict | None = None,
+        image_transforms: Callable[[Any], Any] | None = None,
+        delta_timestamps: dict[str, list[float]] | None = None,
+        tolerances_s: dict | None = None,
+        download_videos: bool = True,
+        video_backend: str | None = None,
+    ) -> None:
+        tolerances = set((tolerances_s or {}).values()) or {1e-4}
+        if len(tolerances) > 1:
+            raise ValueError(f"a mixture is read with one tolerance for all its datasets, got {tolerances_s}")
+        super().__init__(
+            _client(),
+            list(repo_ids),
+            episodes,
+            delta_timestamps,
+            image_transforms,
+            tolerances.pop(),
+            root=root,
+            download_videos=download_videos,
+            video_backend=video_backend,
+        )
+        self.tolerances_s = dict(tolerances_s) if tolerances_s else dict.fromkeys(self.repo_ids, self.tolerance_s)
 
 
 def _served_make_dataset(cfg: Any) -> Any:
-    """LeRobot's `make_dataset` over the served classes, refusing first what the switch does not serve."""
-    if not isinstance(cfg.dataset.repo_id, str):
-        raise NotImplementedError(MIXTURES_NOT_SERVED)
+    """LeRobot's `make_dataset` over the served classes; several datasets a mixture; streaming refused."""
     if getattr(cfg.dataset, "streaming", False):
         raise NotImplementedError(STREAMING_NOT_SERVED)
+    if is_mixture_repo(cfg.dataset.repo_id):
+        return _make_mixture(cfg)
     return _originals["make_dataset"](cfg)
+
+
+def _make_mixture(cfg: Any) -> RemoteLeRobotMixture:
+    """What LeRobot 0.4.4's `make_dataset` does for one dataset, for a mixture: the metadata first, windows from
+    the policy's delta indices at its fps, the configured image transforms, ImageNet statistics for cameras."""
+    import lerobot.datasets.factory as factory
+    import torch
+    from lerobot.datasets.transforms import ImageTransforms
+
+    if cfg.dataset.episodes is not None:
+        raise ValueError(EPISODES_OF_SEVERAL)
+    client = _client()
+    mixture, label, _ = lerobot_mixture(client, cfg.dataset.repo_id)
+    meta = RemoteLeRobotMixtureMetadata(client, mixture, label, root=cfg.dataset.root, revision=cfg.dataset.revision)
+    transforms = cfg.dataset.image_transforms
+    dataset = RemoteLeRobotMixture(
+        client,
+        cfg.dataset.repo_id,
+        delta_timestamps=factory.resolve_delta_timestamps(cfg.policy, meta),
+        image_transforms=ImageTransforms(transforms) if transforms.enable else None,
+        tolerance_s=cfg.tolerance_s,
+        root=cfg.dataset.root,
+        revision=cfg.dataset.revision,
+        video_backend=cfg.dataset.video_backend,
+    )
+    if cfg.dataset.use_imagenet_stats and dataset.meta.stats is not None:
+        for key in dataset.meta.camera_keys:
+            for name, values in factory.IMAGENET_STATS.items():
+                dataset.meta.stats.setdefault(key, {})[name] = torch.tensor(values, dtype=torch.float32)
+    return dataset
 
 
 _REPLACEMENTS: dict[str, Any] = {

@@ -2,7 +2,9 @@
 unchanged, with its datasets served by the episerve server at URL.
 
 The URL may come from `$EPISERVE_URL` instead; `--episerve-token TOKEN` (or `$EPISERVE_TOKEN`) authenticates.
-`--dataset.repo_id` names the dataset on the server. Every other argument is LeRobot's (`lerobot-train --help`).
+`--dataset.repo_id` names the dataset on the server, or several: `'[a,b]'` (a mixture weighted by the datasets'
+rows), `mixture:NAME` (the server's named mixture) or `mixture:FILE.yaml` (a mixture document; see
+`episerve.lerobot._mixture_repo`). Every other argument is LeRobot's (`lerobot-train --help`).
 """
 
 from __future__ import annotations
