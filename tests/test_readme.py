@@ -1,4 +1,4 @@
-"""The README's examples: what they promise when pasted into a script."""
+"""The documentation's examples: what they promise when pasted into a script."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import re
 
 from tests.support import ROOT
 
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
 
 def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+    return [
+        block for path in DOC_FILES for block in re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
+    ]
 
 
 def shows_something(statement: ast.stmt) -> bool:

@@ -372,7 +372,14 @@ def test_scattered_reads_decoded_side_by_side_equal_the_oracle(video_root: Path)
     """A shuffled batch's frames of one file are cut into parts decoded at once on separate decoders; every
     frame equals an independent decode, and a run of consecutive frames is decoded in one pass."""
     from app.sources.decoders import DecoderPool
-    from app.sources.video import SIDE_BY_SIDE, decode_nearest_side_by_side, part_bounds, video_features
+    from app.sources.video import (
+        MIN_PART_FRAMES,
+        MIN_PART_PIXELS,
+        SIDE_BY_SIDE,
+        decode_nearest_side_by_side,
+        part_bounds,
+        video_features,
+    )
     from tests.video_oracle import decode_video
 
     dataset = video_root / "cams-v3"
@@ -388,11 +395,14 @@ def test_scattered_reads_decoded_side_by_side_equal_the_oracle(video_root: Path)
     places = [np.array([i]) for i in range(len(times))]
     found = decode_nearest_side_by_side(out, places, dataset, rel, times, feature, decoders)
     assert np.array_equal(out, file_frames[picked]) and np.allclose(found, file_times[picked])
-    parts = min(SIDE_BY_SIDE, len(times) // 8)
-    cut = part_bounds(times, 1 / feature.fps)
+    pixels = feature.height * feature.width
+    parts = min(SIDE_BY_SIDE, max(len(times) // MIN_PART_FRAMES, len(times) * pixels // MIN_PART_PIXELS))
+    cut = part_bounds(times, 1 / feature.fps, pixels)
     assert len(cut) == parts + 1 and cut[0] == 0 and cut[-1] == len(times)  # scattered: cut into parts
     assert 1 <= decoders.opened <= parts  # a part that starts after another has ended takes its decoder
-    assert part_bounds(file_times[:20], 1 / feature.fps) == [0, 20]  # a run: one pass
+    assert part_bounds(file_times[:20], 1 / feature.fps, pixels) == [0, 20]  # a run: one pass
+    large = 480 * 640  # a few large frames (a piece of a large answer) are still shared out
+    assert len(part_bounds(times[::12], 1 / feature.fps, large)) == min(SIDE_BY_SIDE, 4 * large // MIN_PART_PIXELS) + 1
     run = np.arange(20)
     out = np.zeros((len(run), feature.height, feature.width, 3), dtype=np.uint8)
     decoders = DecoderPool()

@@ -9,6 +9,7 @@ to `t` in the episode's own file (v2.1); farther than `tolerance_s` is an error,
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -107,7 +108,7 @@ def decode_nearest_side_by_side(
     nothing; the request's decoding then uses the cores that other requests leave idle (while a client receives
     and converts its previous batch, say) instead of one. Runs of consecutive frames are decoded in one pass, as
     they continue from keyframe to keyframe without seeking."""
-    bounds = part_bounds(times, 1.0 / (feature.fps or 10.0))
+    bounds = part_bounds(times, 1.0 / (feature.fps or 10.0), math.prod(feature.file_size))
     if len(bounds) < 3:
         return decode_nearest_into(out, places, root, rel, times, feature, decoders)
     parts = [
@@ -123,10 +124,14 @@ def decode_nearest_side_by_side(
     return picked_at
 
 
-def part_bounds(times: np.ndarray, frame_s: float) -> list[int]:
-    """Where a read of `times` (ascending) is cut for `decode_nearest_side_by_side`: [0, ..., len(times)], one
-    part (no cut) for a run of consecutive frames or too few times."""
-    count = min(SIDE_BY_SIDE, len(times) // MIN_PART_FRAMES)
+def part_bounds(times: np.ndarray, frame_s: float, frame_pixels: int) -> list[int]:
+    """Where a read of `times` (ascending) of frames of `frame_pixels` pixels each (in the file) is cut for
+    `decode_nearest_side_by_side`: [0, ..., len(times)], one part (no cut) for a run of consecutive frames or too
+    little decoding to share. A part holds `MIN_PART_FRAMES` frames or `MIN_PART_PIXELS` of decoding, whichever
+    is less: an answer read in pieces of a few MiB (`app.reads.pieces`) has only a few frames a piece when they
+    are large, and those are still decoded side by side."""
+    frames = max(len(times) // MIN_PART_FRAMES, len(times) * frame_pixels // MIN_PART_PIXELS)
+    count = min(SIDE_BY_SIDE, frames)
     if count < 2 or _is_run(times, frame_s):
         return [0, len(times)]
     return np.linspace(0, len(times), count + 1).round().astype(int).tolist()
@@ -134,6 +139,7 @@ def part_bounds(times: np.ndarray, frame_s: float) -> list[int]:
 
 SIDE_BY_SIDE = min(4, os.cpu_count() or 1)
 MIN_PART_FRAMES = 8
+MIN_PART_PIXELS = 8 * 224 * 224  # as much decoding as eight 224x224 frames: large frames need fewer a part
 _threads: tuple[int, futures.ThreadPoolExecutor] | None = None
 _threads_lock = threading.Lock()
 
