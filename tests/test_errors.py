@@ -180,7 +180,9 @@ def test_invalid_post_rows_body_is_rejected(http: httpx.Client, body: dict, stat
     assert_problem(http.post(f"{V3}/rows", json=body), status, phrase)
 
 
-ROWS_ACCEPTS = "this endpoint accepts: columns, compression, delta_timestamps, episodes, start, stop, tolerance_s"
+ROWS_ACCEPTS = (
+    "this endpoint accepts: columns, compression, delta_timestamps, episodes, frame_size, start, stop, tolerance_s"
+)
 
 
 @pytest.mark.parametrize(

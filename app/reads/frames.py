@@ -5,12 +5,13 @@ an Arrow fixed-shape tensor column (uint8, (height, width, channels))."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from app.errors import DatasetError
+from app.errors import DatasetError, InvalidInput
 from app.reads.episode_spec import EpisodeRanges, resolve_episodes
 from app.reads.segment_memo import remembered
 from app.sources.source import EpisodeClip, Source, VideoFeature
@@ -34,6 +35,38 @@ def view_schema(dataset: Dataset, index: EpisodeIndex) -> pa.Schema:
         [*index.schema, *(pa.field(key, feature.arrow_type) for key, feature in videos.items())],
         metadata=index.schema.metadata,
     )
+
+
+def resized_cameras(
+    cameras: Mapping[str, VideoFeature],
+    answered: Iterable[str],
+    frame_size: tuple[int, int] | Mapping[str, tuple[int, int]] | None,
+) -> dict[str, VideoFeature]:
+    """The cameras a request asks for at another size than they are served at (`frame_size`: one (height, width)
+    for every camera `answered`, or one per camera named), each as the camera served at that size; a problem for a
+    name that is no camera, or a size larger than the served one (a request may only downscale: the server's
+    configuration bounds the bytes of every frame it decodes)."""
+    if frame_size is None:
+        return {}
+    if isinstance(frame_size, Mapping):
+        unknown = [key for key in frame_size if key not in cameras]
+        if unknown:
+            raise InvalidInput(f"frame_size names {unknown}, which are not cameras of the dataset: {list(cameras)}")
+        sizes = dict(frame_size)
+    else:
+        sizes = {key: frame_size for key in answered}
+    resized = {}
+    for key, (height, width) in sizes.items():
+        served = cameras[key]
+        if height > served.height or width > served.width:
+            raise InvalidInput(
+                f"frame_size {height}x{width} of camera {key!r} is larger than the {served.height}x{served.width} "
+                "it is served at: a request may only downscale frames (enlarge them on the client, or serve them "
+                "larger with EPISERVE_VIDEO_CACHE_SIZE)"
+            )
+        if (height, width) != (served.height, served.width):
+            resized[key] = served.resized(height, width)
+    return resized
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ _MAX_SPEC_CHARS = 1_000_000
 
 def describe_mixture(catalog: Catalog, mixture_id: str, document: MixtureDocument) -> dict[str, Any]:
     """The document, and per component its share of every epoch (`weight / sum(weights)`), the rows of its view
-    and its dataset's version; `version` digests all of it."""
+    and its dataset's version; `version` digests all of it (and the document's `image_size`, where it states
+    one)."""
     total = sum(component.weight for component in document.components)
     components = []
     for component in document.components:
@@ -38,5 +39,10 @@ def describe_mixture(catalog: Catalog, mixture_id: str, document: MixtureDocumen
                 "dataset_version": index.digest,
             }
         )
-    version = hashlib.sha256(orjson.dumps(components, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-    return {"id": mixture_id, "components": components, "version": version}
+    digested: Any = components
+    described: dict[str, Any] = {"id": mixture_id, "components": components}
+    if document.image_size is not None:
+        described["image_size"] = document.model_dump(mode="json")["image_size"]
+        digested = {"components": components, "image_size": described["image_size"]}
+    version = hashlib.sha256(orjson.dumps(digested, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    return {**described, "version": version}

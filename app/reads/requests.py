@@ -21,6 +21,17 @@ Compression = Literal["none", "lz4", "zstd"] | None
 COMPRESSION_HELP = "Arrow IPC body compression (lz4 or zstd) for slow links; every Arrow reader decompresses it."
 _DELTA_TIMESTAMPS = TypeAdapter(DeltaTimestamps)
 EpisodeSelection = str | list[Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]] | None
+MAX_FRAME_SIDE = 65_535
+FrameSide = Annotated[StrictInt, Field(ge=1, le=MAX_FRAME_SIDE)]
+FrameSize = tuple[FrameSide, FrameSide]
+FrameSizes = FrameSize | dict[str, FrameSize]
+FRAME_SIZE_HELP = (
+    "Camera frames at another (height, width) than they are served at: `[h, w]` for every camera of the answer, "
+    "or `{camera: [h, w]}`; in a query `HxW` or that JSON object. Downscale only (no larger than the camera's "
+    "served `shape`), by the area averaging the decoded-frame cache uses; frames at a size other than the served "
+    "one are decoded on demand."
+)
+_FRAME_SIZES = TypeAdapter(dict[str, FrameSize])
 
 
 class RowSelection(BaseModel):
@@ -41,6 +52,7 @@ class RowSelection(BaseModel):
         DEFAULT_TOLERANCE_S, ge=0, le=1e6, description="How far offsets may be off the 1/fps grid."
     )
     compression: Compression = Field(None, description=COMPRESSION_HELP)
+    frame_size: FrameSizes | None = Field(None, description=FRAME_SIZE_HELP)
 
     def episode_ranges(self, settings: Settings) -> EpisodeRanges | None:
         """The selected episodes as merged ranges (None: all), within the configured limits."""
@@ -181,10 +193,26 @@ def _as_windows(name: str, text: str) -> dict:
         raise InvalidInput(f"delta_timestamps must be a JSON object of column -> list of seconds: {detail}") from exc
 
 
+def _as_frame_size(name: str, text: str) -> Any:
+    """`HxW` as [h, w], a JSON object as itself (each checked by the model); anything else as given, for the model
+    to reject with the parameter's name."""
+    if text.lstrip().startswith("{"):
+        try:
+            return _FRAME_SIZES.validate_json(text)
+        except ValidationError as exc:
+            detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+            raise InvalidInput(f"frame_size must be HxW or a JSON object of camera -> [h, w]: {detail}") from exc
+    height, x, width = text.strip().lower().partition("x")
+    if x and height.isascii() and height.isdigit() and width.isascii() and width.isdigit():
+        return [_as_integer(name, height), _as_integer(name, width)]
+    raise InvalidInput(f"frame_size must be HxW (two positive integers, e.g. 224x224) or a JSON object; got {text!r}")
+
+
 _QUERY_VALUES = {
     "start": _as_integer,
     "stop": _as_integer,
     "tolerance_s": _as_float,
     "columns": _as_columns,
     "delta_timestamps": _as_windows,
+    "frame_size": _as_frame_size,
 }

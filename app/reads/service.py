@@ -22,13 +22,14 @@ import pyarrow as pa
 
 from app.errors import InvalidInput, OverLimit, WouldBlock
 from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episodes
-from app.reads.frames import view_schema
+from app.reads.frames import resized_cameras, view_schema
 from app.reads.pending_copies import PendingCopies
 from app.reads.pieces import Piece, RowPieces
 from app.reads.requests import RowSelection, SliceRequest, TakeRequest
 from app.reads.takes import project
 from app.reads.view_read import ReadOptions, RowsNeeded, ViewRead
 from app.reads.windows import WindowSpec, parse_windows
+from app.sources.source import VideoFeature
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
 from app.store.segments import SourceChanged
@@ -184,7 +185,7 @@ class _Prepared:
     def check_size(self, rows: int) -> None:
         """Problems for windows or camera frames of `rows` rows beyond the limits."""
         _check_window_size(self.read.dataset, rows, self.spec)
-        _check_frame_bytes(self.read.dataset, rows, self.names, self.spec)
+        _check_frame_bytes(self.read.dataset, self.read.cameras, rows, self.names, self.spec)
 
 
 def _prepared(dataset: Dataset, index: EpisodeIndex, ranges: EpisodeRanges | None, request: RowSelection) -> _Prepared:
@@ -201,8 +202,11 @@ def _prepared(dataset: Dataset, index: EpisodeIndex, ranges: EpisodeRanges | Non
             max_offsets=dataset.limits.max_window_offsets,
         )
     references = isinstance(request, TakeRequest) and request.frames == "references"
-    options = ReadOptions(request.tolerance_s, defer_frames=True, reference_frames=references)
     base = with_window_columns(names, spec)
+    cameras = dataset.info().videos
+    answered = [*(base or ()), *(spec.offsets if spec is not None else ())]
+    resized = resized_cameras(cameras, [c for c in dict.fromkeys(answered) if c in cameras], request.frame_size)
+    options = ReadOptions(request.tolerance_s, defer_frames=True, reference_frames=references, resized=resized)
     return _Prepared(ViewRead(dataset, index, view, options), names, base, _stored_columns(dataset, base), spec)
 
 
@@ -242,7 +246,7 @@ class _SlicePlan(_Plan):
     def headers(self) -> dict[str, str]:
         request, read = self.of.request, self.read
         query = [format_ranges(self.of.ranges) if self.of.ranges else "*", self.lo, self.hi]
-        query += [request.columns, request.windows(), request.compression]
+        query += [request.columns, request.windows(), request.compression, request.frame_size]
         return {
             "ETag": f'"{read.index.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
             "X-Total-Rows": str(len(read.view)),
@@ -389,10 +393,11 @@ def _check_window_size(dataset: Dataset, rows: int, spec: WindowSpec | None) -> 
         )
 
 
-def _check_frame_bytes(dataset: Dataset, rows: int, names: list[str] | None, spec: WindowSpec | None) -> None:
-    """A 413 stating how many rows fit when the camera frames asked for (a window's frames each count) would
-    hold more than `max_frame_bytes`: decoded frames are built in memory, unlike stored rows."""
-    cameras = dataset.info().videos
+def _check_frame_bytes(
+    dataset: Dataset, cameras: dict[str, VideoFeature], rows: int, names: list[str] | None, spec: WindowSpec | None
+) -> None:
+    """A 413 stating how many rows fit when the camera frames asked for (at the sizes asked, a window's frames
+    each counting) would hold more than `max_frame_bytes`: decoded frames are built in memory, unlike stored rows."""
     windowed = spec.offsets if spec is not None else {}
     frames_per_row = {key: len(windowed[key]) if key in windowed else 1 for key in cameras}
     per_row = sum(

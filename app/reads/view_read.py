@@ -10,7 +10,8 @@ to wait, it raises `WouldBlock` before doing so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -45,12 +46,15 @@ from app.store.views import EpisodeView
 @dataclass(frozen=True)
 class ReadOptions:
     """How a read answers: the frame tolerance, whether frames from decoded-frame segments may be left pending
-    (sent from the map by the encoder, see `app.reads.pending_copies`) and whether cameras may come as references
-    (see `app.reads.frame_references`)."""
+    (sent from the map by the encoder, see `app.reads.pending_copies`), whether cameras may come as references
+    (see `app.reads.frame_references`) and the cameras it asks for at another size than they are served at
+    (`app.reads.frames.resized_cameras`: decoded on demand at that size, never read from or built into the
+    decoded-frame cache, which holds the served size)."""
 
     tolerance_s: float = DEFAULT_TOLERANCE_S
     defer_frames: bool = False
     reference_frames: bool = False
+    resized: Mapping[str, VideoFeature] = field(default_factory=dict)
 
 
 class ViewRead:
@@ -71,7 +75,9 @@ class ViewRead:
 
     @property
     def cameras(self) -> dict[str, VideoFeature]:
-        return self.dataset.info().videos
+        """The dataset's cameras at the sizes this read serves them."""
+        videos = self.dataset.info().videos
+        return {**videos, **self.options.resized} if self.options.resized else videos
 
     # -- deciding ------------------------------------------------------------------------------------------------
 
@@ -103,7 +109,7 @@ class ViewRead:
         that would be copied (smaller than `OWN_CHUNK_BYTES`, or none left pending) fit `inline_read_bytes`."""
         if not rows.cameras or rows.count == 0:
             return True
-        if self.dataset.limits.video_cache_policy == "on-demand":
+        if self.dataset.limits.video_cache_policy == "on-demand" or set(rows.cameras) & set(self.options.resized):
             return False
         positions = rows.positions()
         episodes = self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1]
@@ -136,7 +142,7 @@ class ViewRead:
         """The decoded-frame segment of a video file, as the cache policy has it: built on first touch (budget
         allowing), used only where `warm` built it, or never (None: decode on demand)."""
         policy = self.dataset.limits.video_cache_policy
-        if policy == "on-demand":
+        if policy == "on-demand" or feature.key in self.options.resized:
             return None
         segment = self._frame_segments.get(path)
         if segment is not None:
@@ -261,7 +267,9 @@ class ViewRead:
     def frame_references(self, feature: VideoFeature, located: LocatedRows) -> tuple[pa.Field, pa.Array] | None:
         """The camera column of `feature` for the `located` rows as references into decoded-frame segments
         (field and column), checked against the tolerance like pixels are; None if some frame is not in a built
-        segment (send pixels)."""
+        segment, or the read asks for the camera at another size than the segments hold (send pixels)."""
+        if feature.key in self.options.resized:
+            return None
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
         segments = []
         for path in times_of.files():

@@ -1,23 +1,26 @@
 """Named mixtures: documents in the configured mixtures directory, each many datasets read as one.
 
 A mixture `<id>` is the file `<id>.json` (or `<id>.yaml`/`.yml` where PyYAML is installed) below
-`EPISERVE_MIXTURES_DIR`: `{"components": [{"dataset", "weight", "episodes", "features"}, ...]}`, the document the
-client's `episerve.Mixture` reads. Files are read on every request (they are small), so an edited mixture is seen
-at once; ids follow the dataset id rules (`name` or `group/name`).
+`EPISERVE_MIXTURES_DIR`: `{"components": [{"dataset", "weight", "episodes", "features"}, ...], "image_size": ...}`
+(`image_size` optional: `[h, w]` or `{camera: [h, w]}`), the document the client's `episerve.Mixture` reads.
+Files are read on every request (they are small), so an edited mixture is seen at once; ids follow the dataset id
+rules (`name` or `group/name`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from app.errors import DoesNotExist, TryLater
 from app.store.catalog import validate_dataset_id
 
 SUFFIXES = (".json", ".yaml", ".yml")
+Side = Annotated[StrictInt, Field(ge=1)]
+Size = tuple[Side, Side]
 
 
 class ComponentDocument(BaseModel):
@@ -32,11 +35,13 @@ class ComponentDocument(BaseModel):
 
 
 class MixtureDocument(BaseModel):
-    """A mixture: one or more components."""
+    """A mixture: one or more components, and optionally the size its cameras come at (`[h, w]` for every
+    camera, or per camera by the mixture's names)."""
 
     model_config = ConfigDict(extra="forbid")
 
     components: list[ComponentDocument] = Field(min_length=1)
+    image_size: Size | dict[str, Size] | None = None
 
 
 def mixture_ids(directory: Path | None) -> list[str]:

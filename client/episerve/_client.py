@@ -262,7 +262,7 @@ class Client:
         path = _path(selection.dataset_id, "/rows")
         if selection.episodes is not None and len(selection.episodes) > _MAX_SPEC_IN_URL:
             return self._send("POST", path, body=fields, arrow=True)
-        query = {name: _query_value(value) for name, value in fields.items()}
+        query = {name: _query_value(name, value) for name, value in fields.items()}
         return self._send("GET", path, query=query, arrow=True)
 
     # --- sending ---------------------------------------------------------------------------------------------
@@ -388,10 +388,16 @@ def _selection_fields(selection: Selection) -> dict[str, Any]:
         fields["delta_timestamps"] = selection.delta_timestamps
     if selection.tolerance_s is not None:
         fields["tolerance_s"] = selection.tolerance_s
+    if isinstance(selection.frame_size, dict):
+        fields["frame_size"] = {camera: list(size) for camera, size in selection.frame_size.items()}
+    elif selection.frame_size is not None:
+        fields["frame_size"] = list(selection.frame_size)
     return fields
 
 
-def _query_value(value: Any) -> Any:
+def _query_value(name: str, value: Any) -> Any:
+    if name == "frame_size" and isinstance(value, list):
+        return "x".join(map(str, value))
     if isinstance(value, list):
         return ",".join(value)
     if isinstance(value, dict):

@@ -15,7 +15,7 @@ from episerve._episodes import Episodes
 from episerve._mixture import Mixture
 from episerve._outputs import Formatter, Output, formatter
 from episerve._retry import Retries
-from episerve._selection import DeltaTimestamps, Selection
+from episerve._selection import DeltaTimestamps, ImageSize, Selection
 
 try:
     from torch.utils.data import Dataset as _Base
@@ -39,6 +39,11 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
     `cache_dir`, on the server's machine (or with its cache on a shared volume), is the server's cache directory as
     seen from here: camera frames the server has decoded are then read from its segment files instead of over the
     socket (see `Client`).
+
+    `image_size` — `(height, width)`, or `{camera: (height, width)}` — has the server downscale camera frames to
+    that size (area averaging, as its decoded-frame cache does), no larger than the size it serves them at. Frames
+    at another size than the served one are decoded on demand, never read from the decoded-frame cache: for speed,
+    serve them at the size trained at (`EPISERVE_VIDEO_CACHE_SIZE`).
 
     Creating the dataset makes one small request (the view length, which also validates the dataset, episodes and
     columns); it pickles without its connections, so DataLoader workers open their own.
@@ -75,9 +80,10 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
         token: str | None = None,
         retries: Retries | int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        image_size: ImageSize | None = None,
     ) -> None:
         self.client = connect(url, token, retries, cache_dir)
-        self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
+        self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s, image_size)
         self.transform = transform
         self.decode_images = decode_images
         self.output = formatter(output)

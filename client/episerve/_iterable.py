@@ -24,7 +24,7 @@ from episerve._mixture import Mixture
 from episerve._outputs import Output, formatter
 from episerve._ranks import rank_and_world, worker_info
 from episerve._retry import Retries
-from episerve._selection import DeltaTimestamps, Selection
+from episerve._selection import DeltaTimestamps, ImageSize, Selection
 from episerve._sharding import EpochPlan, delivered_per_worker
 
 try:
@@ -48,6 +48,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
     With `batch_size=None` it yields samples (dicts of tensors, numpy arrays without torch); with `batch_size=B`
     it yields batch dicts of up to `B` rows (use `DataLoader(ds, batch_size=None)`), cut across chunk bounds; each
     worker's last batch of an epoch may be short. `transform` is applied to every yielded sample or batch.
+    `image_size` has camera frames downscaled by the server, as `EpisodeDataset` describes.
 
     `state_dict(consumed)` / `load_state_dict(state)` resume an epoch with exactly the rows not yet delivered.
     The resumed run must use the same seed, chunk_rows, batch_size, rank, world_size and number of workers.
@@ -85,13 +86,14 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         output: Output | None = None,
         token: str | None = None,
         retries: Retries | int | None = None,
+        image_size: ImageSize | None = None,
     ) -> None:
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be at least 1")
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1 (or None for samples)")
         self.client = connect(url, token, retries, None)
-        self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s)
+        self.selection = Selection.of(dataset_id, episodes, columns, delta_timestamps, tolerance_s, image_size)
         self.chunk_rows = chunk_rows
         self.batch_size = batch_size
         self.shuffle = shuffle

@@ -1,7 +1,8 @@
 """`Mixture`: many datasets, each with a weight, read as one — a small document of components.
 
 A mixture is data, not code: each component names a dataset, optionally an episode pick, a weight, and a feature
-map renaming the component's keys to the mixture's (`{"observation.images.cam_high": "observation.images.top"}`).
+map renaming the component's keys to the mixture's (`{"observation.images.cam_high": "observation.images.top"}`);
+the mixture may state the size its cameras come at (`image_size`).
 It is written in Python or loaded from a JSON or YAML file (YAML needs PyYAML: `pip install 'episerve[yaml]'`).
 Its `version` is a digest of the components; resolved against a server (`episerve.ResolvedMixture`), the digest
 also covers each dataset's version, so it changes whenever any component's data changes.
@@ -20,6 +21,7 @@ from typing import Any
 
 from episerve._episodes import episode_spec
 from episerve._errors import EpiserveError
+from episerve._selection import ImageSize, Size, parse_image_size
 
 _FIELDS = {"dataset", "weight", "episodes", "features"}
 
@@ -93,24 +95,37 @@ class Mixture:
     ..., "features": {component key: mixture key}}`). Samples of a mixture carry `dataset_index`, the component's
     position in this list. See `MixtureDataset` for the schema a mixture is read with (padding masks, missing
     cameras) and `MixturePlan` for the order its positions come in.
+
+    Every camera of a mixture comes at one size: `image_size` — `(height, width)` for every camera, or
+    `{camera: (height, width)}` by the mixture's camera names — or, for a camera it does not name, the smallest
+    height and the smallest width among the sizes the components' datasets are served at. The server downscales
+    each component's frames to it (area averaging); a size larger than a component serves is refused.
     """
 
-    def __init__(self, components: Iterable[Component | Mapping[str, Any] | str]) -> None:
+    def __init__(
+        self, components: Iterable[Component | Mapping[str, Any] | str], *, image_size: ImageSize | None = None
+    ) -> None:
         self.components: tuple[Component, ...] = tuple(Component.of(c) for c in components)
         if not self.components:
             raise ValueError("a mixture needs at least one component")
+        self.image_size: Size | dict[str, Size] | None = parse_image_size(image_size)
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any] | Sequence[Any]) -> Mixture:
-        """A mixture from `{"components": [...]}` (or the bare list of components)."""
+        """A mixture from `{"components": [...], "image_size": ...}` (`image_size` optional) or the bare list of
+        components."""
+        size = None
         if isinstance(document, Mapping):
-            unknown = set(document) - {"components"}
+            unknown = set(document) - {"components", "image_size"}
             if unknown or "components" not in document:
-                raise ValueError(f"a mixture document has one field, components; got {sorted(document)}")
+                raise ValueError(
+                    f"a mixture document has the fields components and image_size (optional); got {sorted(document)}"
+                )
+            size = document.get("image_size")
             document = document["components"]
         if isinstance(document, str | bytes) or not isinstance(document, Sequence):
             raise ValueError("a mixture's components are a list")
-        return cls(document)
+        return cls(document, image_size=size)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Mixture:
@@ -130,11 +145,23 @@ class Mixture:
         """The server's named mixture `mixture_id` (`client` is an `episerve.Client`)."""
         described = client.mixture(mixture_id)
         fields = ("dataset", "weight", "episodes", "features")
-        return cls([{k: c[k] for k in fields if k in c} for c in described["components"]])
+        components = [{k: c[k] for k in fields if k in c} for c in described["components"]]
+        return cls(components, image_size=described.get("image_size"))
 
     def to_dict(self) -> dict[str, Any]:
         """The document (`Mixture.from_dict(m.to_dict())` is `m` again); JSON- and YAML-serialisable."""
-        return {"components": [component.to_dict() for component in self.components]}
+        document: dict[str, Any] = {"components": [component.to_dict() for component in self.components]}
+        if isinstance(self.image_size, dict):
+            document["image_size"] = {camera: list(size) for camera, size in self.image_size.items()}
+        elif self.image_size is not None:
+            document["image_size"] = list(self.image_size)
+        return document
+
+    def image_size_of(self, camera: str) -> Size | None:
+        """The size the mixture states for `camera` (one of its names), if any."""
+        if isinstance(self.image_size, dict):
+            return self.image_size.get(camera)
+        return self.image_size
 
     def to_file(self, path: str | os.PathLike[str]) -> None:
         """Write the document as JSON."""
@@ -157,7 +184,8 @@ class Mixture:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{c.dataset!r}: {c.weight:g}" for c in self.components)
-        return f"Mixture({{{parts}}})"
+        size = "" if self.image_size is None else f", image_size={self.image_size!r}"
+        return f"Mixture({{{parts}}}{size})"
 
 
 def digest(value: Any) -> str:

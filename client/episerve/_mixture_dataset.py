@@ -226,4 +226,6 @@ def mixture_dataset(url: Any, mixture: Mixture, args: tuple[Any, ...], kwargs: d
     episodes, *rest = args or (None,)
     if episodes is not None or kwargs.pop("episodes", None) is not None:
         raise ValueError("a mixture picks episodes per component: Mixture([{'dataset': ..., 'episodes': ...}])")
+    if kwargs.pop("image_size", None) is not None:
+        raise ValueError("a mixture states the size of its cameras itself: Mixture([...], image_size=(h, w))")
     return MixtureDataset(url, mixture, *rest, **kwargs)

@@ -146,6 +146,8 @@ def mixture_iterable(
     episodes, *rest = args or (None,)
     if episodes is not None or kwargs.pop("episodes", None) is not None:
         raise ValueError("a mixture picks episodes per component: Mixture([{'dataset': ..., 'episodes': ...}])")
+    if kwargs.pop("image_size", None) is not None:
+        raise ValueError("a mixture states the size of its cameras itself: Mixture([...], image_size=(h, w))")
     for ignored in ("shuffle", "chunk_rows", "prefetch"):
         kwargs.pop(ignored, None)
     if kwargs.get("batch_size") is None:

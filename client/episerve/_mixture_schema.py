@@ -8,8 +8,10 @@ mixture feature:
 - **vectors** (fixed-size lists of numbers, windows `(T, d)` included) of different widths are padded with zeros
   to the widest; a bool `<name>_is_real` of shape `(d,)` says which dimensions are the component's own (all False
   where a component lacks the feature). Value types and the leading dims (the window) must agree.
-- **cameras** must have one frame size (the server serves a dataset's frames at one size, settable per dataset
-  with `EPISERVE_VIDEO_CACHE_SIZE=DATASET=HxW`; there is no per-request size); a camera a component lacks comes
+- **cameras** come at one size: the mixture's `image_size` for that camera, else the smallest height and the
+  smallest width the components' datasets serve it at. A component served at another size asks the server for
+  its frames at that size (`frame_size`: downscaled by area averaging, decoded on demand rather than read from
+  the decoded-frame cache); a size larger than a component serves is refused. A camera a component lacks comes
   as zeros with a bool `<name>_is_missing`.
 - **window flags** (`<name>_is_pad`) of a feature a component lacks are all True.
 - anything else (scalars, strings, images) must exist in every component with the same type.
@@ -20,7 +22,7 @@ Every sample also carries `dataset_index` (int64), the component it comes from, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -28,7 +30,7 @@ import pyarrow as pa
 from episerve._client import Client
 from episerve._errors import ServerError
 from episerve._mixture import Component, Mixture, MixtureError, digest
-from episerve._selection import DeltaTimestamps, Selection
+from episerve._selection import DeltaTimestamps, Selection, Size
 
 DATASET_INDEX = "dataset_index"
 MASK_SUFFIX = "_is_real"
@@ -107,11 +109,18 @@ def resolve(
     """Resolve `mixture` against the server of `client`: `columns` and `delta_timestamps` use the mixture's
     names. Raises `MixtureError` naming the components when features cannot be aligned."""
     windows = {name: [float(d) for d in deltas] for name, deltas in (delta_timestamps or {}).items()}
-    views, schemas = [], []
+    views, schemas, cameras = [], [], set()
     for number, component in enumerate(mixture.components):
-        view, schema = _component_view(client, number, component, columns, windows, tolerance_s)
+        view, schema, own_cameras = _component_view(client, number, component, columns, windows, tolerance_s)
         views.append(view)
         schemas.append(schema)
+        cameras |= own_cameras
+    if isinstance(mixture.image_size, Mapping):
+        unknown = sorted(set(mixture.image_size) - cameras)
+        if unknown:
+            raise MixtureError(f"image_size names {unknown}, which no component has as a camera: {sorted(cameras)}")
+    for number, size in _resizes(mixture, schemas).items():
+        views[number], schemas[number] = _resized_view(client, number, views[number], size)
     if columns is not None:
         for name in columns:
             if not any(name in schema.names for schema in schemas):
@@ -130,8 +139,8 @@ def _component_view(
     columns: Sequence[str] | None,
     windows: dict[str, list[float]],
     tolerance_s: float | None,
-) -> tuple[ComponentView, pa.Schema]:
-    """The component's selection and its schema in the mixture's names."""
+) -> tuple[ComponentView, pa.Schema, set[str]]:
+    """The component's selection, its schema in the mixture's names, and its cameras (the mixture's names)."""
     label = _label(number, component)
     try:
         info = client.info(component.dataset)
@@ -147,14 +156,67 @@ def _component_view(
         raise MixtureError(f"{label}: has none of the columns {list(columns or [])}")
     own_windows = {own[name]: deltas for name, deltas in windows.items() if name in own}
     selection = Selection(component.dataset, component.episodes, _tuple(wanted), own_windows or None, tolerance_s)
+    rows, renamed = _schema(client, label, component, selection)
+    view = ComponentView(component, selection, rows, info.get("fps"), info.get("version"))
+    cameras = {component.name_of(column["name"]) for column in info.get("columns") or [] if column.get("video")}
+    return view, renamed, cameras
+
+
+def _schema(client: Client, label: str, component: Component, selection: Selection) -> tuple[int, pa.Schema]:
+    """The rows of the selection's view and its schema in the mixture's names, from a zero-row slice (which also
+    has the server check the selection)."""
     try:
         pages = client.read_slice(selection, 0, 0)
     except ServerError as exc:
         raise MixtureError(f"{label}: {exc.detail}") from exc
+    windows = selection.delta_timestamps or {}
     fields = pages.table.schema
-    renamed = pa.schema([field.with_name(_mixture_name(component, field.name, own_windows)) for field in fields])
-    view = ComponentView(component, selection, pages.total_rows, info.get("fps"), info.get("version"))
-    return view, renamed
+    return pages.total_rows, pa.schema([f.with_name(_mixture_name(component, f.name, windows)) for f in fields])
+
+
+def _resizes(mixture: Mixture, schemas: list[pa.Schema]) -> dict[int, dict[str, Size]]:
+    """Per component that serves a camera at another size than the mixture's, {its camera name: the mixture's
+    size}. A camera's size is the mixture's `image_size` for it, else the smallest height and width it is served
+    at; larger than a component serves it is a `MixtureError` (the server only downscales)."""
+    resizes: dict[int, dict[str, Size]] = {}
+    names = dict.fromkeys(name for schema in schemas for name in schema.names)
+    for name in names:
+        served = [(k, _frame_size(s.field(name).type)) for k, s in enumerate(schemas) if name in s.names]
+        if any(size is None for _, size in served):
+            continue  # not a camera everywhere: `_features` says what is wrong
+        sizes = [(k, size) for k, size in served if size is not None]
+        stated = mixture.image_size_of(name)
+        target = stated or (min(h for _, (h, _) in sizes), min(w for _, (_, w) in sizes))
+        larger = [(k, f"{h}x{w}") for k, (h, w) in sizes if target[0] > h or target[1] > w]
+        if larger:
+            raise MixtureError(
+                f"camera {name!r} at image_size {target[0]}x{target[1]} would be enlarged: it is served at "
+                f"{_listing(mixture, larger)}; a mixture only downscales (state a smaller image_size, or serve the "
+                "camera larger with EPISERVE_VIDEO_CACHE_SIZE)"
+            )
+        for k, size in sizes:
+            if size != target:
+                own = _source(mixture.components[k], name, schemas[k])
+                assert own is not None
+                resizes.setdefault(k, {})[own] = target
+    return resizes
+
+
+def _frame_size(kind: pa.DataType) -> Size | None:
+    """(height, width) of a camera column's frames (windowed or not); None for other columns."""
+    if not isinstance(kind, pa.FixedShapeTensorType) or kind.value_type != pa.uint8():
+        return None
+    height, width = kind.shape[-3:-1]
+    return int(height), int(width)
+
+
+def _resized_view(
+    client: Client, number: int, view: ComponentView, sizes: dict[str, Size]
+) -> tuple[ComponentView, pa.Schema]:
+    """The component's view with its cameras asked for at `sizes`, checked by the server."""
+    selection = replace(view.selection, frame_size=sizes)
+    _, schema = _schema(client, _label(number, view.component), view.component, selection)
+    return replace(view, selection=selection), schema
 
 
 def _mixture_name(component: Component, name: str, windows: Mapping[str, Any]) -> str:
@@ -197,12 +259,9 @@ def _feature(mixture: Mixture, name: str, types: list[pa.DataType | None], sourc
     [kind] = kinds
     missing = [k for k, t in enumerate(types) if t is None]
     if kind == "camera":
-        if len({str(t) for _, t in present}) > 1:
-            sizes = [(k, "x".join(map(str, t.shape[-3:-1]))) for k, t in present]
-            raise MixtureError(
-                f"camera {name!r} has different frame sizes: {_listing(mixture, sizes)}; serve them at one size "
-                "(EPISERVE_VIDEO_CACHE_SIZE=HxW, or DATASET=HxW per dataset) or rename one of them apart"
-            )
+        if len({str(t) for _, t in present}) > 1:  # sizes are made one by `_resizes`: windows or channels differ
+            shapes = [(k, "x".join(map(str, t.shape))) for k, t in present]
+            raise MixtureError(f"camera {name!r} has different frame shapes: {_listing(mixture, shapes)}")
         flag = name + MISSING_SUFFIX if missing else None
         return Feature(name, kind, present[0][1], sources, flag=flag)
     if kind == "vector":

@@ -244,21 +244,37 @@ def _permute(index: np.ndarray, size: np.ndarray, key: np.ndarray) -> np.ndarray
         return values.astype(np.int64)
     limit = np.asarray(size, dtype=np.int64).astype(np.uint64)
     bits = np.maximum(1, np.ceil(np.log2(np.maximum(size, 2))).astype(np.int64)).astype(np.uint64)
+    rounds = _Rounds.of(bits, key)  # once per call, not once per step of the walk
     todo = np.arange(len(values))
+    values = rounds.apply(values, slice(None))
+    todo = todo[values >= limit]
     while len(todo):
-        values[todo] = _bijection(values[todo], bits[todo], key[todo])
+        values[todo] = rounds.apply(values[todo], todo)
         todo = todo[values[todo] >= limit[todo]]
     return values.astype(np.int64)
 
 
-def _bijection(values: np.ndarray, bits: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """A keyed bijection of `b`-bit words: rounds of adding a key, multiplying by an odd key and xor-shifting the
-    high half onto the low one, each step invertible modulo `2^b`."""
-    mask = (np.uint64(1) << bits) - np.uint64(1)
-    shift = (bits + np.uint64(1)) // np.uint64(2)
-    for round_ in range(_ROUNDS):
-        round_key = _mix(key + np.uint64(round_))
-        values = (values + round_key) & mask
-        values = (values * (round_key | np.uint64(1))) & mask
-        values = values ^ (values >> shift)
-    return values
+@dataclass(frozen=True)
+class _Rounds:
+    """A keyed bijection of `b`-bit words, one per element: rounds of adding a key, multiplying by an odd key and
+    xor-shifting the high half onto the low one, each step invertible modulo `2^b`."""
+
+    mask: np.ndarray
+    shift: np.ndarray
+    keys: tuple[np.ndarray, ...]  # the round keys
+    odd: tuple[np.ndarray, ...]  # the round keys made odd (multipliers)
+
+    @classmethod
+    def of(cls, bits: np.ndarray, key: np.ndarray) -> _Rounds:
+        keys = tuple(_mix(key + np.uint64(round_)) for round_ in range(_ROUNDS))
+        mask = (np.uint64(1) << bits) - np.uint64(1)
+        return cls(mask, (bits + np.uint64(1)) // np.uint64(2), keys, tuple(k | np.uint64(1) for k in keys))
+
+    def apply(self, values: np.ndarray, where: slice | np.ndarray) -> np.ndarray:
+        """The bijection of the elements `where` applied to `values` (theirs)."""
+        mask, shift = self.mask[where], self.shift[where]
+        for key, odd in zip(self.keys, self.odd, strict=True):
+            values = (values + key[where]) & mask
+            values = (values * odd[where]) & mask
+            values = values ^ (values >> shift)
+        return values

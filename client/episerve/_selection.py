@@ -4,12 +4,38 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from episerve._episodes import Episodes, episode_spec
 
 DeltaTimestamps = Mapping[str, Sequence[float]]
+Size = tuple[int, int]
+ImageSize = Size | Mapping[str, Size]  # (height, width) for every camera, or per camera
+
+
+def parse_image_size(value: Any) -> Size | dict[str, Size] | None:
+    """`value` as an image size: None, `(height, width)` (two positive integers), or a mapping of camera names to
+    such pairs. Raises ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {_camera_name(key): _size(size, f" of {key!r}") for key, size in value.items()}
+    return _size(value, "")
+
+
+def _camera_name(key: Any) -> str:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"an image size per camera maps camera names to (height, width), got the key {key!r}")
+    return key
+
+
+def _size(value: Any, of: str) -> Size:
+    pair = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else None
+    if pair is None or len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in pair):
+        raise ValueError(f"an image size{of} is (height, width), two positive integers; got {value!r}")
+    return int(pair[0]), int(pair[1])
 
 
 @dataclass(frozen=True)
@@ -17,8 +43,9 @@ class Selection:
     """A dataset view and the columns read from it.
 
     `episodes` is the spec string sent to the server (`None`: every episode), `columns` the columns in the order
-    wanted (`None`: all), `delta_timestamps` the temporal windows (`{column: [seconds...]}`) and `tolerance_s`
-    how far an offset may be from a multiple of the frame period.
+    wanted (`None`: all), `delta_timestamps` the temporal windows (`{column: [seconds...]}`), `tolerance_s`
+    how far an offset may be from a multiple of the frame period, and `frame_size` the (height, width) camera
+    frames are wanted at when not the size the server serves them at (for every camera, or per camera).
     """
 
     dataset_id: str
@@ -26,6 +53,7 @@ class Selection:
     columns: tuple[str, ...] | None = None
     delta_timestamps: dict[str, list[float]] | None = None
     tolerance_s: float | None = None
+    frame_size: Size | dict[str, Size] | None = None
 
     @classmethod
     def of(
@@ -35,6 +63,7 @@ class Selection:
         columns: Sequence[str] | None = None,
         delta_timestamps: DeltaTimestamps | None = None,
         tolerance_s: float | None = None,
+        frame_size: ImageSize | None = None,
     ) -> Selection:
         """A selection from the loose arguments the client methods and datasets accept."""
         windows = None
@@ -46,6 +75,7 @@ class Selection:
             tuple(columns) if columns is not None else None,
             windows,
             tolerance_s,
+            parse_image_size(frame_size),
         )
 
 

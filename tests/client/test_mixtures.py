@@ -19,6 +19,7 @@ from episerve._mixture_dataset import MixtureDataset
 from episerve._mixture_iterable import MixtureIterableDataset
 from tests.client.helpers import run_in_process
 from tests.support import ServerProcess, eventually, write_generic_dataset
+from tests.video_oracle import frames_for_rows
 
 ARM6, ARM9, GENERIC, CHANGING = "robots/arm6", "robots/arm9", "plain/generic", "robots/changing"
 CHANGING_NAMED = "robots/changing-named"
@@ -31,6 +32,8 @@ CROSS = episerve.Mixture(
     ]
 )
 CHEAP = ["action", "observation.state", "index", "episode_index"]
+BIG = "robots/big-camera"  # its top camera is 64x96, robot A's 48x64
+SIZED = episerve.Mixture(CROSS.components, image_size=(32, 40))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def mixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_demo_dataset(
         root / ARM9, format="v2.1", episodes=6, seed=22, joints=9, cameras={HIGH: (48, 64), WRIST: (32, 64)}
     )
-    write_demo_dataset(root / "robots/big-camera", format="v2.1", episodes=2, seed=23, cameras={TOP: (64, 96)})
+    write_demo_dataset(root / BIG, format="v2.1", episodes=2, seed=23, cameras={TOP: (64, 96)})
     write_generic_dataset(root / GENERIC)
     write_demo_dataset(root / CHANGING, format="v2.1", episodes=3, seed=31, cameras=None)
     write_demo_dataset(root / CHANGING_NAMED, format="v2.1", episodes=3, seed=33, cameras=None)
@@ -52,6 +55,7 @@ def mixture_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mixture_url(mixture_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     named = tmp_path_factory.mktemp("named-mixtures")
     CROSS.to_file(named / "cross.json")
+    SIZED.to_file(named / "sized.json")
     (named / "robots").mkdir()
     (named / "robots" / "changing.json").write_text(json.dumps({"components": [{"dataset": CHANGING_NAMED}]}))
     environment = {"EPISERVE_MIXTURES_DIR": str(named), "EPISERVE_RESCAN_INTERVAL_S": "0.5"}
@@ -97,6 +101,13 @@ def test_a_mixture_round_trips_through_json_and_yaml_files(tmp_path: Path) -> No
     loaded = episerve.Mixture.from_file(tmp_path / "mix.yaml")
     assert loaded.to_dict() == json.loads((tmp_path / "mix.json").read_text())
     assert loaded.version == CROSS.version
+    (tmp_path / "sized.yaml").write_text(yaml_text + f"\nimage_size:\n  {TOP}: [32, 40]\n")
+    sized = episerve.Mixture.from_file(tmp_path / "sized.yaml")
+    assert sized.image_size == {TOP: (32, 40)} and sized.image_size_of(TOP) == (32, 40)
+    assert sized.image_size_of(WRIST) is None and sized.version != CROSS.version
+    SIZED.to_file(tmp_path / "sized.json")
+    assert episerve.Mixture.from_file(tmp_path / "sized.json") == SIZED
+    assert json.loads((tmp_path / "sized.json").read_text())["image_size"] == [32, 40]
 
 
 def test_the_version_changes_with_any_component() -> None:
@@ -112,6 +123,11 @@ def test_the_version_changes_with_any_component() -> None:
         {"components": [{"dataset": ARM6, "weight": 0}]},
         {"components": [{"dataset": ARM6, "wieght": 2}]},
         {"components": [{"dataset": ARM6, "features": {"a": "x", "b": "x"}}]},
+        {"components": [ARM6], "image_size": [0, 32]},
+        {"components": [ARM6], "image_size": [32]},
+        {"components": [ARM6], "image_size": {TOP: [32, 40.5]}},
+        {"components": [ARM6], "image_size": "32x40"},
+        {"components": [ARM6], "image_sizes": [32, 40]},
     ],
 )
 def test_a_bad_document_is_refused_when_written(document: dict[str, Any]) -> None:
@@ -132,7 +148,7 @@ def test_the_resolved_version_changes_when_a_component_changes(mixture_url: str,
 def test_named_mixtures_are_listed_with_shares_and_read_like_any_mixture(mixture_url: str) -> None:
     client = episerve.Client(mixture_url)
     listed = {m["id"]: m for m in client.mixtures()}
-    assert set(listed) == {"cross", "robots/changing"}
+    assert set(listed) == {"cross", "sized", "robots/changing"}
     cross = listed["cross"]
     assert [c["share"] for c in cross["components"]] == pytest.approx([2 / 3, 1 / 3])
     assert cross["components"][1]["rows"] == len(view_index(mixture_url, ARM9, "1-4"))
@@ -143,6 +159,9 @@ def test_named_mixtures_are_listed_with_shares_and_read_like_any_mixture(mixture
     )
     with pytest.raises(episerve.NotFound, match="no mixture 'nothing'"):
         client.mixture("nothing")
+    assert listed["sized"]["image_size"] == [32, 40] and "image_size" not in cross
+    assert listed["sized"]["version"] != cross["version"]
+    assert episerve.Mixture.named(client, "sized") == SIZED
 
 
 def test_a_named_mixtures_version_changes_when_a_component_changes(mixture_url: str, mixture_root: Path) -> None:
@@ -204,10 +223,60 @@ def dataset_names() -> list[str]:
     return ["action", "observation.state", TOP, "index"]
 
 
-def test_cameras_of_different_sizes_are_refused_at_definition_naming_components_and_sizes(mixture_url: str) -> None:
-    mixture = episerve.Mixture([ARM6, "robots/big-camera"])
-    with pytest.raises(episerve.MixtureError, match=r"48x64 in component 0 \('robots/arm6'\).*64x96 in component 1"):
-        MixtureDataset(mixture_url, mixture, columns=[TOP])
+def assert_frames_are_the_components_resized(
+    batch: dict[str, Any], root: Path, key: str, sources: list[tuple[str, str | None, tuple[int, int] | None]]
+) -> None:
+    """`batch[key]` holds, for the samples of component k, `sources[k]` = (dataset, its camera, size): that
+    camera's decoded frame area-resized to the size (None: as the files hold it); zeros where it has no camera."""
+    robot = np.asarray(batch["dataset_index"])
+    for k, (dataset_id, camera, size) in enumerate(sources):
+        mine = robot == k
+        assert mine.any()
+        if camera is None:
+            assert not np.asarray(batch[key])[mine].any()
+            continue
+        rows = zip(np.asarray(batch["episode_index"])[mine], np.asarray(batch["frame_index"])[mine], strict=True)
+        want = frames_for_rows(root / dataset_id, camera, [(int(e), int(f)) for e, f in rows], size=size)
+        np.testing.assert_array_equal(np.asarray(batch[key])[mine], want.transpose(0, 3, 1, 2), err_msg=key)
+
+
+def test_cameras_of_different_sizes_come_at_the_smallest_served_size(mixture_url: str, mixture_root: Path) -> None:
+    mixture = episerve.Mixture([ARM6, BIG])
+    dataset = MixtureDataset(mixture_url, mixture, columns=[TOP, "episode_index", "frame_index"], output="numpy")
+    batch = episerve.collate(dataset.__getitems__(list(range(3, 63))))
+    assert batch[TOP].shape == (60, 3, 48, 64)
+    assert_frames_are_the_components_resized(batch, mixture_root, TOP, [(ARM6, TOP, None), (BIG, TOP, (48, 64))])
+
+
+def test_a_stated_image_size_downscales_every_component_and_each_camera_may_have_its_own(
+    mixture_url: str, mixture_root: Path
+) -> None:
+    columns = [TOP, WRIST, "episode_index", "frame_index"]
+    dataset = MixtureDataset(mixture_url, SIZED, columns=columns, output="numpy", seed=4)
+    batch = episerve.collate(dataset.__getitems__(list(range(40))))
+    assert batch[TOP].shape == batch[WRIST].shape == (40, 3, 32, 40)
+    assert_frames_are_the_components_resized(batch, mixture_root, TOP, [(ARM6, TOP, (32, 40)), (ARM9, HIGH, (32, 40))])
+    assert_frames_are_the_components_resized(batch, mixture_root, WRIST, [(ARM6, None, None), (ARM9, WRIST, (32, 40))])
+    per_camera = episerve.Mixture(CROSS.components, image_size={WRIST: (16, 32)})
+    streamed = MixtureIterableDataset(mixture_url, per_camera, columns, batch_size=30, output="numpy", seed=4)
+    batch = next(iter(streamed))
+    assert batch[TOP].shape == (30, 3, 48, 64) and batch[WRIST].shape == (30, 3, 16, 32)
+    assert_frames_are_the_components_resized(batch, mixture_root, TOP, [(ARM6, TOP, None), (ARM9, HIGH, None)])
+    assert_frames_are_the_components_resized(batch, mixture_root, WRIST, [(ARM6, None, None), (ARM9, WRIST, (16, 32))])
+
+
+def test_an_image_size_a_component_would_have_to_enlarge_is_refused_at_definition(mixture_url: str) -> None:
+    too_large = episerve.Mixture([ARM6, BIG], image_size=(64, 96))
+    with pytest.raises(
+        episerve.MixtureError,
+        match=r"'observation.images.top' at image_size 64x96 .*48x64 in component 0 \('robots/arm6'\)",
+    ):
+        MixtureDataset(mixture_url, too_large, columns=[TOP])
+    unknown = episerve.Mixture([ARM6, BIG], image_size={"observation.images.side": (8, 8)})
+    with pytest.raises(episerve.MixtureError, match=r"image_size names \['observation.images.side'\]"):
+        MixtureDataset(mixture_url, unknown, columns=[TOP])
+    with pytest.raises(ValueError, match="states the size of its cameras"):
+        episerve.EpisodeDataset(mixture_url, CROSS, columns=[TOP], image_size=(8, 8))
 
 
 def test_features_that_cannot_be_aligned_are_refused_at_definition(mixture_url: str) -> None:
