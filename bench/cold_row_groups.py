@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         work = Path(tmp)
         rows = write_files(work / "data", args.files, args.row_group_mb * MiB)
         settings = {"EPISERVE_COLD_READ_MEMORY": str(args.budget_mib * MiB)}
-        server = EpiserveServer(work / "data", work / "cache", work / "logs", args.workers, settings).start()
+        server = EpiserveServer(work / "data", work / "cache", work / "logs", args.workers, settings)
+        server.start(timeout_s=600)  # a loaded machine starts a server slowly
         try:
             time.sleep(1.0)
             baseline = peak = rss_anon_tree(server.pid)
