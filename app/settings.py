@@ -90,8 +90,9 @@ class Settings(BaseSettings):
     cold_read_memory: int = Field(
         256 * 1024 * 1024,
         ge=1024 * 1024,
-        description="Memory all cold reads of one worker may hold at once (estimated: five times the largest row "
-        "group each is decoding); more wait their turn.",
+        description="Resident memory all cold reads and segment builds of one worker may hold at once (each "
+        "estimated from the file's metadata before it reads: a batch of about 1 MiB of a row group, its column "
+        "buffers and the rows kept); more wait their turn.",
     )
     max_concurrent_reads: int = Field(
         8, ge=1, le=1024, description="Row reads one worker runs at once; more wait (bounds memory under load)."

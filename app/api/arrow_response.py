@@ -16,6 +16,7 @@ advance, is chunked.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator, Sequence
 
 import anyio
@@ -24,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.api.inflight import Hold
+from app.errors import ProblemError
 from app.reads.arrow_ipc import (
     ARROW_STREAM_MEDIA_TYPE,
     OWN_CHUNK_BYTES,
@@ -39,6 +41,7 @@ from app.reads.service import Answer
 _SINGLE_PIECE_BYTES = 4 * 1024 * 1024
 SEND_BYTES = 1024 * 1024  # at most this much per send: the transport copies only the unsent rest of one send
 FIRST_HOLD_BYTES = PIECE_BYTES + SEND_BYTES  # what a read waits for on the in-flight budget before it starts
+log = logging.getLogger("episerve")
 
 
 def arrow_response(answer: Answer, hold: Hold | None = None) -> Response:
@@ -163,11 +166,17 @@ class ArrowPiecesResponse(_HeldResponse):
             piece: Piece | None = self.first
             if not await _sent(encoder.start(), send, gone):
                 return
+            rows = 0
             while piece is not None:
                 for batch in bounded(piece.batches, PIECE_BYTES):
                     if not await _sent(encoder.batch(batch, piece.pending), send, gone):
                         return
-                piece = await self._next_piece(scope)
+                    rows += batch.num_rows
+                try:
+                    piece = await self._next_piece(scope)
+                except Exception as exc:  # too late for an error status: the stream stays unfinished
+                    _cut_short(scope, rows, exc)
+                    return
             await _sent(encoder.end(), send, gone)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -204,6 +213,15 @@ class ArrowChunksResponse(_HeldResponse):
         for chunk in sends(self.chunks):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _cut_short(scope: Scope, rows: int, exc: Exception) -> None:
+    """Log, in one line, an answer that a problem in a later piece cuts short. The response returns without its
+    last chunk, so the server closes the connection and every reader sees an incomplete body, never a shorter
+    answer; a problem the client caused is no server error, and a traceback per such answer would flood the log."""
+    detail = exc.detail if isinstance(exc, ProblemError) else f"{type(exc).__name__}: {exc}"
+    level = logging.WARNING if isinstance(exc, ProblemError) and exc.status < 500 else logging.ERROR
+    log.log(level, "%s %s: answer cut short after %d rows: %s", scope.get("method"), scope.get("path"), rows, detail)
 
 
 async def _sent(chunks: list[Chunk], send: Send, gone: asyncio.Future[None]) -> bool:

@@ -40,6 +40,7 @@ BUILD_READ_BATCHES = 4
 # and 100 MiB/s: ranges less than ~5 MB apart in one GET (the gap costs less than another request's wait), the
 # GETs side by side. The bytes between the ranges are fetched, not decoded; a read spans at most this many bytes.
 REMOTE_SPAN_BYTES = 64 * 1024 * 1024
+_READ_BUFFER_BYTES = 1 << 20  # what a cold read of a local file holds of each column chunk it reads
 _REMOTE_FORMAT = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(
         pre_buffer=True, cache_options=pa.CacheOptions.from_network_metrics(50, 100)
@@ -149,13 +150,16 @@ class ParquetSource:
 
 
 class ParquetRowGroups:
-    """Row-group geometry of one parquet file, read from its footer, and reads of whole row groups."""
+    """Row-group geometry of one parquet file, read from its footer, and reads of rows of its row groups."""
 
     def __init__(self, path: DatasetPath, etag: str = "") -> None:
         self.path = path
         self.etag = etag
         self.remote = is_remote_path(path)
         self._fragment: ds.ParquetFileFragment | None = None
+        # A local file is read a batch at a time; a read of an object fetches its row groups' column chunks at once
+        # and decodes them whole (pyarrow's dataset scan does not stream within a row group).
+        self.streams = not self.remote
         with store_reads(path):
             if self.remote:  # the footer read once, for the geometry and every read after it
                 opened = parquet_input(path)
@@ -166,32 +170,70 @@ class ParquetRowGroups:
                     raise
                 self._fragment = _REMOTE_FORMAT.make_fragment(opened)
                 self._fragment.ensure_complete_metadata()
-                metadata, self._names = self._fragment.metadata, set(self._fragment.physical_schema.names)
+                metadata, schema = self._fragment.metadata, self._fragment.physical_schema
                 footer = readable_footer(metadata)
                 if footer is not None:  # a fragment reads through the file's own footer: a file, through this one
                     self._fragment = None
                     self._file = pq.ParquetFile(opened, metadata=footer, pre_buffer=True)
             else:
-                # Without pre-buffering: a pre-buffered reader keeps every column chunk it read (a whole row
-                # group's compressed bytes) until the file object goes, i.e. for the request's whole read.
-                self._file = open_parquet_file(str(path), pre_buffer=False)
-                metadata, self._names = self._file.metadata, set(self._file.schema_arrow.names)
+                # Without pre-buffering, and each column chunk read through a buffer: a pre-buffered reader keeps
+                # every column chunk it read (a whole row group's compressed bytes) until the file object goes,
+                # i.e. for the request's whole read, and an unbuffered one reads a whole column chunk at once.
+                self._file = open_parquet_file(str(path), pre_buffer=False, buffer_size=_READ_BUFFER_BYTES)
+                metadata, schema = self._file.metadata, self._file.schema_arrow
+        self._metadata, self._names = metadata, schema.names
+        self._leaves = _leaf_columns(schema, metadata.num_columns)
+        self._leaf_sizes: dict[int, np.ndarray] = {}
         groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
         self.offsets = np.concatenate(([0], np.cumsum([g.num_rows for g in groups]))).astype(np.int64)
         self.sizes = np.array([g.total_byte_size for g in groups])
         # Where each group lies in the file, [start, end): what an object's read plan bounds (unused locally).
         self.spans = np.array([_byte_span(g) for g in groups] if self.remote else [], dtype=np.int64).reshape(-1, 2)
 
-    def read(self, groups: list[int], wanted: pa.Schema) -> pa.Table:
-        columns = [name for name in wanted.names if name in self._names]
+    def take(
+        self, groups: list[int], wanted: pa.Schema, positions: np.ndarray, batch_rows: int
+    ) -> list[pa.RecordBatch]:
+        # A file lacking every wanted column still has rows: read its first column for their count.
+        columns = [name for name in wanted.names if name in self._names] or self._names[:1]
+        picked: list[pa.RecordBatch] = []
+        at, pool = 0, pa.default_memory_pool()
         with store_reads(self.path):
-            if self._fragment is not None:
-                table = self._fragment.subset(row_group_ids=groups).to_table(columns=columns, use_threads=False)
-            else:
-                table = self._file.read_row_groups(groups, columns=columns, use_threads=False)
+            for batch in self._batches(groups, columns, batch_rows):
+                lo, hi = np.searchsorted(positions, [at, at + batch.num_rows]).tolist()
+                if hi > lo:
+                    picked.append(conform_batch(batch.take(pa.array(positions[lo:hi] - at)), wanted))
+                at += batch.num_rows
+                del batch
+                if self.streams:  # what the batch took goes back now (the allocator's pages are per thread)
+                    pool.release_unused()
+                if hi == len(positions):
+                    break
             if self.remote:
                 check_version(self.path, self.etag)  # the ranged GETs read the version the index was built from
-            return table
+        return picked
+
+    def _batches(self, groups: list[int], columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+        if self._fragment is not None:
+            fragment = self._fragment.subset(row_group_ids=groups)
+            # Read ahead no further than the next batch: each batch held is memory of the read's.
+            batches = fragment.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=1, use_threads=False)
+            return iter(batches)
+        return self._file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns, use_threads=False)
+
+    def decoded_bytes(self, groups: list[int], columns: list[str]) -> int:
+        if self._leaves is None:  # an unusual schema: every column of the groups
+            return int(self.sizes[groups].sum())
+        leaves = [leaf for name in columns for leaf in self._leaves.get(name, ())]
+        return int(sum(self._leaf_bytes(number)[leaves].sum() for number in groups))
+
+    def _leaf_bytes(self, number: int) -> np.ndarray:
+        """Uncompressed bytes of each leaf column of row group `number` (read from the footer once)."""
+        found = self._leaf_sizes.get(number)
+        if found is None:
+            group = self._metadata.row_group(number)
+            sizes = [group.column(leaf).total_uncompressed_size for leaf in range(group.num_columns)]
+            found = self._leaf_sizes[number] = np.array(sizes, dtype=np.int64)
+        return found
 
     def read_plan(self, groups: np.ndarray) -> list[list[int]]:
         if not self.remote:
@@ -378,3 +420,27 @@ def _safe_iterdir(path: DatasetPath) -> list[Any]:
         return list(path.iterdir())
     except OSError:
         return []
+
+
+def _leaf_columns(schema: pa.Schema, leaves: int) -> dict[str, range] | None:
+    """The parquet leaf columns of each top-level column of `schema` (nested types have several), or None when they
+    do not add up to the file's `leaves`."""
+    found: dict[str, range] = {}
+    start = 0
+    for field in schema:
+        count = _leaf_count(field.type)
+        found[field.name] = range(start, start + count)
+        start += count
+    return found if start == leaves else None
+
+
+def _leaf_count(kind: pa.DataType) -> int:
+    if isinstance(kind, pa.ExtensionType):
+        return _leaf_count(kind.storage_type)
+    if pa.types.is_struct(kind):
+        return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaf_count(kind.value_type)
+    return 1

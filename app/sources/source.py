@@ -180,14 +180,23 @@ class RowGroups(Protocol):
 
     offsets: np.ndarray  # first row of each row group, plus the file's row count at the end
     sizes: np.ndarray  # decoded bytes of each row group
+    streams: bool  # whether `take` decodes a row group batch by batch (else whole, all groups of a read at once)
 
-    def read(self, groups: list[int], wanted: pa.Schema) -> pa.Table:
-        """The rows of row groups `groups` (ascending), one after the other: those columns of `wanted` the file has
-        (`conform_batch` makes them `wanted`)."""
+    def take(
+        self, groups: list[int], wanted: pa.Schema, positions: np.ndarray, batch_rows: int
+    ) -> list[pa.RecordBatch]:
+        """Rows at `positions` (ascending, duplicates allowed) of the rows of row groups `groups` (ascending) one
+        after the other, as batches of `wanted` (columns the file lacks are nulls), decoded no further than the
+        last wanted row. With `streams`, `batch_rows` rows at a time, each batch let go (and its memory handed
+        back) once its wanted rows are copied out: a read holds one batch, whatever the size of a row group."""
+        ...
+
+    def decoded_bytes(self, groups: list[int], columns: list[str]) -> int:
+        """Uncompressed bytes of `columns` in row groups `groups` (what decoding them yields, about)."""
         ...
 
     def read_plan(self, groups: np.ndarray) -> list[list[int]]:
-        """`groups` (ascending) cut into the lists that `read` is given at once: one group each for a local file;
+        """`groups` (ascending) cut into the lists that `take` is given at once: one group each for a local file;
         for an object, several up to a size, so that their ranges are fetched together instead of one request
         after another."""
         ...

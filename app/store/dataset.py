@@ -34,6 +34,7 @@ from app.store.episode_index import EpisodeIndex, file_identity, load_or_build_i
 from app.store.frame_budget import FrameBudget
 from app.store.frame_cache import FrameCache
 from app.store.mapped_segments import Segment, SegmentLRU
+from app.store.read_memory import cold_read_memory
 from app.store.row_files import RowFiles
 from app.store.segment_builds import ProgressCallback
 from app.store.segment_files import clean_temps
@@ -84,7 +85,8 @@ class Dataset:
         self._looked_at = 0.0  # time.monotonic() of the last look at the files
         self.checked_at: float | None = None  # epoch seconds of the same moment
         batch_bytes, verify, lru = limits.build_batch_bytes, limits.verify_on_open, shared.lru
-        self.segments = SegmentStore(cache_dir / "segments", lru, batch_bytes, verify)
+        memory = cold_read_memory(limits.cold_read_memory)
+        self.segments = SegmentStore(cache_dir / "segments", lru, batch_bytes, verify, memory=memory)
         self.rows = RowFiles(path, self.segments, limits)
         self.frames = FrameCache(cache_dir / "frames", lru, shared.frame_budget, batch_bytes, verify)
         self.decoders = shared.decoders

@@ -17,9 +17,10 @@ import pyarrow as pa
 from app.settings import Settings
 from app.sources import DatasetPath, Source
 from app.sources.files import is_remote_path
-from app.store.cold_reads import ColdRows, cold_read_memory
+from app.store.cold_reads import ColdRows, cold_readers
 from app.store.episode_index import EpisodeIndex
 from app.store.mapped_segments import Segment
+from app.store.read_memory import cold_read_memory
 from app.store.segment_builds import BuildProgress, ProgressCallback
 from app.store.segments import SegmentStore, SourceChanged
 from app.store.store_waits import on_store
@@ -85,12 +86,12 @@ class RowFiles:
             self.segments.build_in_background(index.files[number], index.schema)
 
     def cold_take(self, index: EpisodeIndex, cold: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
-        """Stored `rows` (ascending) of a file read cold, within the worker's cold-read memory budget;
+        """Stored `rows` (ascending) of a file read cold, within the worker's cold-read memory budget and cores;
         `SourceChanged` when the file changed under us, `ObjectStoreError` when the store failed to answer."""
         budget = cold_read_memory(self.limits.cold_read_memory)
 
         def read() -> pa.Table:
-            with budget.reserve(cold.read_memory(rows)):
+            with cold_readers(), budget.reserve(cold.read_memory(rows, index.schema, names)):
                 return cold.take(rows, index.schema, names)
 
         try:

@@ -2,7 +2,8 @@
 
 Guarantees, kept by the code below:
 - Building streams record batches from the parquet file, so peak memory is about one batch, whatever the size
-  of the file.
+  of the file; with a `memory` budget (the worker's cold-read memory, `app.store.read_memory`), a build reserves
+  that peak on it first, so builds and cold reads together stay within it.
 - Publishing is atomic: write `<name>.arrow.tmp` (fsync'd unless segments are checksummed on open), drop the old
   sidecar, rename into place, then write the sidecar (itself atomically, fsync'd). A segment is served only when
   its sidecar matches the file on disk (size, rows, schema) and the current source fingerprint; anything else is
@@ -32,11 +33,12 @@ from filelock import FileLock
 from app import metrics
 from app.errors import DatasetError
 from app.sources import Source, SourceFingerprint
-from app.sources.files import shown_path
+from app.sources.files import is_remote_path, shown_path
 from app.sources.source import SourceReplaced
 from app.store.atomic_files import fsync_directory, write_atomically
 from app.store.build_backoff import BuildBackoff
 from app.store.mapped_segments import Segment, SegmentLRU, map_segment
+from app.store.read_memory import ColdReadMemory
 from app.store.segment_builds import (
     STOPPING,
     BuildProgress,
@@ -48,6 +50,14 @@ from app.store.segment_builds import (
 from app.store.segment_files import SegmentPaths, expected_sidecar, file_checksum, read_sidecar
 
 log = logging.getLogger("episerve.cache")
+
+# A build's peak resident memory, estimated as a cold read's (`app.store.cold_reads`): its batch decoded about three
+# times over and a buffered column chunk and a page per column, twice (the allocator's free pages), and from an
+# object store the row groups it fetches at once.
+_BUILD_DECODE_FACTOR = 3
+_BUILD_COLUMN_BYTES = 2 * 1024 * 1024
+_ALLOCATOR_SLACK = 2
+_REMOTE_BUILD_BATCHES = 4  # `app.sources.parquet.BUILD_READ_BATCHES`: batches' worth of row groups fetched at once
 
 
 class SourceChanged(Exception):
@@ -68,8 +78,10 @@ class SegmentStore:
         batch_bytes: int = 8 * 1024 * 1024,
         verify_on_open: bool = True,
         builder: str = "rows",
+        memory: ColdReadMemory | None = None,
     ) -> None:
         self.directory = directory
+        self.memory = memory  # the budget a build reserves its memory on, if any
         self.builder = builder  # which background builder thread of the process builds this store's segments
         self.reader: Source | None = None  # the dataset's files, set (and renewed) when its index loads
         self.lru = lru
@@ -273,7 +285,8 @@ class SegmentStore:
             log.info("building segment %s from %s (%d rows)", paths.arrow.name, source.path, source.rows)
             state = self.building[source.path] = BuildProgress(source.path, source.rows, started=time.time())
             try:
-                rows, nbytes, checksum = self._write_segment(source, paths.tmp, schema, state, progress)
+                with self._build_memory(schema):
+                    rows, nbytes, checksum = self._write_segment(source, paths.tmp, schema, state, progress)
             finally:
                 self.building.pop(source.path, None)
             try:
@@ -348,6 +361,14 @@ class SegmentStore:
             tmp.unlink(missing_ok=True)
             raise
         return rows, nbytes, checksum
+
+    def _build_memory(self, schema: pa.Schema) -> contextlib.AbstractContextManager[None]:
+        """A build's estimated peak memory reserved on the budget (nothing without one)."""
+        if self.memory is None:
+            return contextlib.nullcontext()
+        held = _BUILD_DECODE_FACTOR * self.batch_bytes + _BUILD_COLUMN_BYTES * len(schema)
+        fetched = _REMOTE_BUILD_BATCHES * self.batch_bytes if is_remote_path(self._source_files().root) else 0
+        return self.memory.reserve(_ALLOCATOR_SLACK * held + fetched)
 
     def _source_files(self) -> Source:
         if self.reader is None:
