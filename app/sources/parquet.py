@@ -105,9 +105,17 @@ class ParquetSource:
     def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
         return None  # generic parquet records no episodes: the episode column is scanned
 
-    def scan_runs(self, number: int, rel: str, column: str) -> list[EpisodeRun]:
-        with opened_parquet(self.root / rel) as handle:
-            return self._scan_runs(pq.ParquetFile(handle), number, rel, column)
+    def scan_runs(self, number: int, rel: str, column: str, etag: str = "") -> list[EpisodeRun]:
+        path = self.root / rel
+        with opened_parquet(path) as handle:
+            check_version(path, etag, opened_etag(handle))
+            try:
+                runs = self._scan_runs(pq.ParquetFile(handle), number, rel, column)
+            except (pa.ArrowInvalid, OSError):
+                check_version(path, etag)  # an object re-uploaded while read is no broken file: SourceReplaced
+                raise
+            check_version(path, etag)  # the ranged GETs read the version fingerprinted
+            return runs
 
     def _scan_runs(self, parquet: pq.ParquetFile, number: int, rel: str, column: str) -> list[EpisodeRun]:
         name = Path(rel).name

@@ -229,8 +229,9 @@ class Source(Protocol):
         """Episode runs from the format's metadata, checked against the files' row counts; None if unusable."""
         ...
 
-    def scan_runs(self, number: int, rel: str, column: str) -> list[EpisodeRun]:
-        """Episode runs of file `number`, found by reading only its episode `column`."""
+    def scan_runs(self, number: int, rel: str, column: str, etag: str = "") -> list[EpisodeRun]:
+        """Episode runs of file `number`, found by reading only its episode `column`. With an `etag` (objects in a
+        store), `SourceReplaced` if the object read is no longer that version."""
         ...
 
     def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:

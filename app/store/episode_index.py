@@ -318,7 +318,7 @@ def _scan_episode_column(
         if fp in reusable:
             runs.extend(EpisodeRun(r.episode, number, r.start, r.stop) for r in reusable[fp])
             continue
-        runs.extend(source.scan_runs(number, fp.path, column))
+        runs.extend(source.scan_runs(number, fp.path, column, fp.etag))
     return runs
 
 
