@@ -200,6 +200,7 @@ def _serve(settings: Settings) -> int:
             ),
             loop="uvloop",
             timeout_graceful_shutdown=5,
+            timeout_worker_healthcheck=settings.worker_healthcheck_timeout_s,
         )
         # Workers are child processes even when there is one: a worker killed (SIGBUS on a truncated mapped file,
         # the OOM killer) is logged with its cause and replaced, and the service goes on (`app.supervisor`).

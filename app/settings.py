@@ -71,6 +71,13 @@ class Settings(BaseSettings):
         description="Time a response may wait for its client to read on: a client that reads nothing of it for this "
         "long is disconnected, and the unsent rest freed (a slow but steady reader never is).",
     )
+    worker_healthcheck_timeout_s: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="Time a worker may take to answer its supervisor's health check before it is taken as hung, "
+        "killed and replaced (logged). Long enough that a worker merely slowed by load is never killed.",
+    )
     max_episode_spec_chars: int = Field(100_000, ge=16, description="Longest accepted `episodes` spec.")
     max_window_offsets: int = Field(1024, ge=1, description="Offsets one delta_timestamps column may list.")
     max_window_values: int = Field(

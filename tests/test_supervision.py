@@ -68,6 +68,28 @@ def test_a_worker_killed_by_sigbus_is_logged_with_its_cause_and_replaced_even_wi
     assert "Fatal Python error: Bus error" in log  # faulthandler's traceback of the dying worker
 
 
+def test_a_worker_slower_than_its_health_check_timeout_is_replaced_and_one_within_it_is_not(tmp_path: Path) -> None:
+    """`EPISERVE_WORKER_HEALTHCHECK_TIMEOUT_S`: a worker that cannot answer (stopped) for longer is taken as hung,
+    killed, logged and replaced; one stopped for less (a loaded machine) keeps running."""
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=2, cameras={})
+    env = {"EPISERVE_WORKER_HEALTHCHECK_TIMEOUT_S": "3"}
+    with ServerProcess([root], tmp_path / "cache", workers=1, env=env) as server:
+        (first,) = _workers(server)
+        os.kill(first, signal.SIGSTOP)
+        time.sleep(1.5)  # within the timeout
+        os.kill(first, signal.SIGCONT)
+        time.sleep(4)
+        assert _workers(server) == {first}
+        os.kill(first, signal.SIGSTOP)  # now for longer
+        second = _wait_for_worker(server, {first})
+        with episerve.Client(server.url) as client:
+            assert client.num_rows("demo") > 0
+    log = server.log_path.read_text()
+    assert f"worker {first} stopped answering its health checks (killed); starting another" in log
+    assert second != first
+
+
 def test_ten_truncations_of_mapped_segments_under_load_no_wrong_row_no_silent_death(tmp_path: Path) -> None:
     root = tmp_path / "root"
     write_demo_dataset(root / "demo", episodes=120, files=6, cameras={}, image_size=32)
