@@ -76,7 +76,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.token_verifier = TokenVerifier(settings.accepted_tokens())
     app.state.warmer = Warmer()
-    app.add_middleware(FastLane, state=app.state, take_route=rows.take_route(), slice_route=rows.slice_route())
+    app.add_middleware(
+        FastLane,
+        state=app.state,
+        take_route=rows.take_route(),
+        slice_route=rows.slice_route(),
+        takes_route=rows.takes_route(),
+    )
     app.add_middleware(ObservabilityMiddleware)  # added last, so outermost: it sees the fast lane's responses too
     install_problem_handlers(app)
     install_problem_schema(app)

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import anyio
 import pyarrow as pa
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from app.api.inflight import Hold
 from app.errors import ProblemError
@@ -213,6 +213,66 @@ class ArrowChunksResponse(_HeldResponse):
         for chunk in sends(self.chunks):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+PartAnswer = Callable[[], Awaitable[Response]]
+
+
+class ArrowStreamsResponse(Response):
+    """Several answers' Arrow IPC streams one after another in one body (`POST /takes`), in order.
+
+    Each part is sent as its own response would send it (from where its rows lie, holding its bytes on the
+    in-flight budget until they are sent), without its status line and without ending the body. `made` are parts
+    answered already; each of `later` is answered only once the part before it is sent, so the request holds one
+    part's bytes at a time beyond those. The body has a `Content-Length` when every part is made and states one,
+    else it is chunked. A part that cannot be answered or sent in full (a problem once the status is out, or the
+    client gone) leaves the body unfinished: the connection closes and no reader takes it for a whole answer."""
+
+    media_type = ARROW_STREAM_MEDIA_TYPE
+
+    def __init__(self, made: list[Response], later: list[PartAnswer], headers: dict[str, str]) -> None:
+        super().__init__(headers=headers)
+        lengths = [part.headers.get("content-length") for part in made]
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        if not later and all(length is not None for length in lengths):
+            self.raw_headers.append((b"content-length", str(sum(map(int, lengths))).encode()))  # type: ignore[arg-type]
+        self.made, self.later = made, later
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rows = 0
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            for part in [*self.made, *self.later]:
+                try:
+                    response = part if isinstance(part, Response) else await part()
+                except Exception as exc:  # too late for an error status: the body stays unfinished
+                    _cut_short(scope, rows, exc)
+                    return
+                if not await _sent_as_part(response, scope, receive, send):
+                    return
+                rows += int(response.headers.get("x-row-count", "0"))
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            for response in self.made:  # those never sent still hold their bytes
+                if isinstance(response, _HeldResponse) and response.hold is not None:
+                    response.hold.release()
+
+
+async def _sent_as_part(response: Response, scope: Scope, receive: Receive, send: Send) -> bool:
+    """Send `response`'s body as part of a larger one; whether it was sent whole."""
+    finished = False
+
+    async def part_send(message: Message) -> None:
+        nonlocal finished
+        if message["type"] != "http.response.body":
+            return  # its own status line: the larger body has one
+        if not message.get("more_body", False):
+            finished = True  # its end of body: the larger body goes on
+            return
+        await send(message)
+
+    await response(scope, receive, part_send)
+    return finished
 
 
 def _cut_short(scope: Scope, rows: int, exc: Exception) -> None:

@@ -29,6 +29,7 @@ response is the same either way; only its cost differs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
 from starlette.datastructures import Headers, State
@@ -37,29 +38,36 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.arrow_response import SEND_BYTES
+from app.api.arrow_response import SEND_BYTES, ArrowStreamsResponse
 from app.api.body_deadline import body_deadline, until
 from app.api.deps import PARSED_REQUEST, PREPARED_READ
 from app.api.json_body import check_declared_length, check_json_content_type, decode_json_body
-from app.api.rows import to_response
+from app.api.rows import takes_headers, to_response
 from app.api.tokens import TOKEN_ACCEPTED
 from app.auth import TokenCheck
 from app.errors import ProblemError, WouldBlock
-from app.reads.requests import SliceRequest, TakeRequest
+from app.reads.multi_takes import TakesRead
+from app.reads.requests import SliceRequest, TakeRequest, TakesRequest
 from app.reads.service import RowRead, SliceRead, TakeRead
+
+M = TypeVar("M", TakeRequest, TakesRequest)
 
 _TAKE_SUFFIX = "/rows/take"
 _SLICE_SUFFIX = "/rows"
+_TAKES_SUFFIX = "/takes"
 
 
 class FastLane:
     """Serves quick takes and slices itself and hands every other request, untouched, to `app`."""
 
-    def __init__(self, app: ASGIApp, state: State, take_route: BaseRoute, slice_route: BaseRoute) -> None:
+    def __init__(
+        self, app: ASGIApp, state: State, take_route: BaseRoute, slice_route: BaseRoute, takes_route: BaseRoute
+    ) -> None:
         self.app = app
         self.state = state
         self.take_route = take_route
         self.slice_route = slice_route
+        self.takes_route = takes_route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         settings = getattr(self.state, "settings", None)
@@ -69,6 +77,8 @@ class FastLane:
         method, path = scope["method"], scope["path"]
         if method == "POST" and path.endswith(_TAKE_SUFFIX):
             await self._take(scope, receive, send)
+        elif method == "POST" and path.endswith(_TAKES_SUFFIX):
+            await self._takes(scope, receive, send)
         elif method == "GET" and path.endswith(_SLICE_SUFFIX):
             await self._slice(scope, receive, send)
         else:
@@ -77,20 +87,35 @@ class FastLane:
     async def _take(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.take_route.matches(scope)
         response = None
+        body, receive = await self._body(match, scope, receive)
+        if body is not None:
+            response = self._quick(scope, child_scope, lambda: self._parsed(scope, body, TakeRequest))
+        await self._answer(response, child_scope, scope, receive, send)
+
+    async def _takes(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match, child_scope = self.takes_route.matches(scope)
+        response = None
+        body, receive = await self._body(match, scope, receive)
+        if body is not None:
+            response = self._quick_takes(scope, body)
+        await self._answer(response, child_scope, scope, receive, send)
+
+    async def _body(self, match: Match, scope: Scope, receive: Receive) -> tuple[bytes | None, Receive]:
+        """The whole JSON body of a request to a body route, or None when the route is to answer it: a query
+        (422), a body declared over the limit (413, before a byte of it is read), no accepted token, or a body that
+        did not arrive whole and in time. The `receive` returned hands the body over again."""
         settings = self.state.settings
         limit = settings.max_body_bytes
-        # A query (422), or a body declared over the limit (413, before a byte of it is read), is the route's.
         if (
-            match is Match.FULL
-            and not scope["query_string"]
-            and _declared_within(scope, limit)
-            and self._accepted(scope)
+            match is not Match.FULL
+            or scope["query_string"]
+            or not _declared_within(scope, limit)
+            or not self._accepted(scope)
         ):
-            deadline = body_deadline(scope, settings.body_timeout_s)
-            body, complete, receive = await _buffer_body(receive, limit, deadline)
-            if complete and len(body) <= limit:
-                response = self._quick(scope, child_scope, lambda: self._parsed_take(scope, body))
-        await self._answer(response, child_scope, scope, receive, send)
+            return None, receive
+        deadline = body_deadline(scope, settings.body_timeout_s)
+        body, complete, receive = await _buffer_body(receive, limit, deadline)
+        return (body if complete and len(body) <= limit else None), receive
 
     async def _slice(self, scope: Scope, receive: Receive, send: Send) -> None:
         match, child_scope = self.slice_route.matches(scope)
@@ -151,10 +176,44 @@ class FastLane:
         (metrics.INLINE_TAKES if isinstance(request, TakeRequest) else metrics.INLINE_SLICES).inc()
         return to_response(answer, hold)
 
+    def _quick_takes(self, scope: Scope, body: bytes) -> Response | None:
+        """The answer of a `POST /takes` whose takes are all quick, or None (the route answers it, reusing the
+        parsed request and, once every take is decided, their reads)."""
+        try:
+            request = self._parsed(scope, body, TakesRequest)
+            scope[PARSED_REQUEST] = request
+            takes = TakesRead(self.state.catalog, request, self.state.settings)
+            quick = takes.quick()
+        except (ProblemError, WouldBlock):
+            return None
+        if not quick:
+            return None
+        holds = []
+        for _ in takes.reads:
+            hold = self.state.inflight.try_hold(self.state.settings.inline_read_bytes + SEND_BYTES)
+            if hold is None:
+                break
+            holds.append(hold)
+        if len(holds) < len(takes.reads):  # the in-flight budget is spent: the route waits its turn
+            for hold in holds:
+                hold.release()
+            scope[PREPARED_READ] = takes
+            return None
+        responses = []
+        try:
+            for read, hold in zip(takes.reads, holds, strict=True):
+                responses.append(to_response(read.answer(), hold))
+        except (ProblemError, WouldBlock):
+            for hold in holds:
+                hold.release()
+            return None
+        metrics.INLINE_TAKES.inc(len(responses))
+        return ArrowStreamsResponse(responses, [], takes_headers(takes))
+
     @staticmethod
-    def _parsed_take(scope: Scope, body: bytes) -> TakeRequest:
+    def _parsed(scope: Scope, body: bytes, model: type[M]) -> M:
         check_json_content_type(Headers(scope=scope).get("content-type"))
-        return decode_json_body(body, TakeRequest)
+        return decode_json_body(body, model)
 
 
 def _parsed_slice(scope: Scope) -> SliceRequest:

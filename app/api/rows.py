@@ -1,4 +1,5 @@
-"""Row endpoints: a contiguous slice of a view (`GET`/`POST /rows`) and rows by view index (`POST /rows/take`).
+"""Row endpoints: a contiguous slice of a view (`GET`/`POST /rows`), rows by view index (`POST /rows/take`) and
+takes of several datasets in one request (`POST /takes`).
 
 Thin: each parses its request into the model of `app.reads.requests`, runs the read service in the thread pool
 (quick reads are answered ahead of these routes by `app.api.fast_lane`, with the same models and service) and
@@ -7,20 +8,22 @@ encodes the answer as an Arrow IPC stream (`app.api.arrow_response`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.routing import APIRoute
 
-from app.api.arrow_response import FIRST_HOLD_BYTES, arrow_response
-from app.api.deps import PARSED_REQUEST, PREPARED_READ, get_dataset, run_read
+from app.api.arrow_response import FIRST_HOLD_BYTES, ArrowStreamsResponse, arrow_response
+from app.api.deps import PARSED_REQUEST, PREPARED_READ, catalog_of, get_dataset, run_read
 from app.api.inflight import Hold
 from app.api.json_body import json_body_schema, read_json_body
 from app.api.problems import problem_responses
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
 from app.reads.catalog import Dataset
-from app.reads.requests import SliceRequest, TakeRequest
+from app.reads.multi_takes import TakesRead, naming
+from app.reads.requests import SliceRequest, TakeRequest, TakesRequest
 from app.reads.service import Answer, RowRead, SliceRead, TakeRead
 
 router = APIRouter(tags=["rows"])
@@ -57,6 +60,19 @@ _TAKE_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "Arrow IPC stream of the rows, in the order asked",
         "content": _ARROW_BODY,
         "headers": _COUNT_HEADERS,
+    },
+    **problem_responses(404),
+    **_BODY_PROBLEMS,
+}
+_TAKES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The takes' Arrow IPC streams one after another, in the order asked (each ends with Arrow's "
+        "end-of-stream marker, where the next begins)",
+        "content": _ARROW_BODY,
+        "headers": {
+            "X-Row-Count": _header("Rows of all the takes together."),
+            "X-Total-Rows": _header("Rows in each take's view, comma-separated, in order.", "string"),
+        },
     },
     **problem_responses(404),
     **_BODY_PROBLEMS,
@@ -145,9 +161,47 @@ async def take_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
     return await _answered(request, request.scope.get(PREPARED_READ) or TakeRead(dataset, body))
 
 
+@router.post(
+    "/takes",
+    summary="Takes of one or more datasets in one request (a mixture's batch), as Arrow IPC streams in order",
+    response_class=Response,
+    responses=_TAKES_RESPONSES,
+    openapi_extra=json_body_schema(TakesRequest),
+)
+async def take_many(request: Request) -> Response:
+    takes = request.scope.get(PREPARED_READ)
+    if takes is None:
+        settings = request.app.state.settings
+        body = request.scope.get(PARSED_REQUEST) or await read_json_body(request, TakesRequest, settings.max_body_bytes)
+        takes = TakesRead(catalog_of(request), body, settings)
+    await run_read(request, takes.check)
+    # The first take is answered now (a problem with it is still an error status), the others as they are sent.
+    made = [await _answered_take(request, takes, 0)]
+    later = [functools.partial(_answered_take, request, takes, number) for number in range(1, len(takes.reads))]
+    return ArrowStreamsResponse(made, later, takes_headers(takes))
+
+
+async def _answered_take(request: Request, takes: TakesRead, number: int) -> Response:
+    with naming(number, takes.takes[number]):
+        return await _answered(request, takes.reads[number])
+
+
+def takes_headers(takes: TakesRead) -> dict[str, str]:
+    """The headers of a `POST /takes` answer."""
+    return {
+        "X-Row-Count": str(sum(len(take.indices) for take in takes.takes)),
+        "X-Total-Rows": ",".join(map(str, takes.view_rows())),
+    }
+
+
 def take_route() -> APIRoute:
     """The route of `POST /rows/take` (the fast lane answers its quick requests ahead of it)."""
     return _route_of(take_rows)
+
+
+def takes_route() -> APIRoute:
+    """The route of `POST /takes` (the fast lane answers its quick requests ahead of it)."""
+    return _route_of(take_many)
 
 
 def slice_route() -> APIRoute:

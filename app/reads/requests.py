@@ -81,6 +81,32 @@ class TakeRequest(RowSelection):
     )
 
 
+MAX_TAKES = 1024
+
+
+class DatasetTake(TakeRequest):
+    """One take of a `POST /takes` request: rows of `dataset`'s view, as `POST /datasets/{dataset}/rows/take`
+    reads them."""
+
+    dataset: str = Field(min_length=1, description="The dataset the rows are taken from.")
+
+
+class TakesRequest(BaseModel):
+    """Takes of one or more datasets' views in one request (a mixture's batch): answered as their Arrow IPC
+    streams one after another, in this order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    takes: list[DatasetTake] = Field(
+        min_length=1, max_length=MAX_TAKES, description="The takes, answered in this order."
+    )
+
+    @property
+    def indices(self) -> int:
+        """Indices the takes ask for in all."""
+        return sum(len(take.indices) for take in self.takes)
+
+
 class SliceRequest(RowSelection):
     """A contiguous slice of the view of `episodes`; `GET /rows` takes it in its query."""
 

@@ -96,6 +96,19 @@ class RowRead:
         self._quick = self._plan.decide()
         return self._quick
 
+    def check(self) -> None:
+        """Raise the request's problems (unknown columns, positions out of range, limits) on the current snapshot,
+        loading the index if need be (it may block), without reading a row; `answer` reuses what it prepared while
+        the snapshot stays the same."""
+        if self._plan is None:
+            self._plan = self._planned(self.dataset.index())
+
+    @property
+    def view_rows(self) -> int:
+        """Rows in the read's view, once `quick()` or `check()` has prepared it."""
+        assert self._plan is not None, "quick() or check() first"
+        return len(self._plan.read.view)
+
     def answer(self) -> Answer | NotModified:
         """The answer: on the event loop when `quick()` said so, else on a fresh snapshot (in the thread pool),
         reusing what the decision prepared when the snapshot is the same."""
@@ -321,9 +334,13 @@ class _TakePlan(_Plan):
         read, prepared = self.read, self.prepared
         if read.may_block:
             read.fresh_pending()
-        table = read.take_rows(rows, prepared.stored)
-        if prepared.spec is not None or prepared.stored != prepared.base:
-            table = read.complete(rows, table, prepared.base, prepared.spec)
+        if not prepared.plain_cameras:
+            table = read.take_rows(rows, prepared.stored)
+            if prepared.spec is not None or prepared.stored != prepared.base:
+                table = read.complete(rows, table, prepared.base, prepared.spec)
+        else:  # the rows' episodes and timestamps, which locate their frames, gathered with them
+            table = read.take_rows(rows, read.locating_columns(prepared.stored))
+            table = read.complete(rows, table, prepared.base, prepared.spec, read.locate_in(rows, table))
         return Piece(table.schema, [b for b in table.to_batches() if b.num_rows], read.pending or None)
 
 

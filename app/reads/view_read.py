@@ -210,6 +210,30 @@ class ViewRead:
             inverse,
         )
 
+    def locating_columns(self, names: list[str] | None) -> list[str] | None:
+        """`names` (stored columns; None: all), plus the columns that locate frames (`locate_in`) when the dataset
+        has them."""
+        if names is None:
+            return None
+        wanted = [self.dataset.episode_column, TIMESTAMP]
+        if not all(name in self.index.schema.names for name in wanted):
+            return names
+        return [*names, *(name for name in wanted if name not in names)]
+
+    def locate_in(self, rows: np.ndarray, table: pa.Table) -> LocatedRows | None:
+        """View `rows` located from their own `table` (gathered with `locating_columns`), without reading them
+        again; None when the table lacks the locating columns."""
+        episode_column = self.dataset.episode_column
+        if len(rows) == 0 or episode_column not in table.column_names or TIMESTAMP not in table.column_names:
+            return None
+        first, _ = self.view.episode_bounds(rows)
+        return LocatedRows(
+            table[episode_column].to_numpy(),
+            table[TIMESTAMP].to_numpy().astype(np.float64),
+            rows - first,
+            np.arange(len(rows)),
+        )
+
     def frame_columns(
         self, rows: np.ndarray, keys: list[str], located: LocatedRows | None = None
     ) -> dict[str, pa.Array]:
@@ -298,16 +322,23 @@ class ViewRead:
 
     # -- completing the stored columns ---------------------------------------------------------------------------
 
-    def complete(self, rows: np.ndarray, table: pa.Table, names: list[str] | None, spec: WindowSpec | None) -> pa.Table:
+    def complete(
+        self,
+        rows: np.ndarray,
+        table: pa.Table,
+        names: list[str] | None,
+        spec: WindowSpec | None,
+        located: LocatedRows | None = None,
+    ) -> pa.Table:
         """The stored columns of view `rows` in `table`, completed: camera frames decoded (or left pending where
         a decoded-frame segment holds them, or referenced there when the read asks for references), windows
-        applied, and the columns in the order asked (windows' `<column>_is_pad` masks last)."""
+        applied, and the columns in the order asked (windows' `<column>_is_pad` masks last). `located`: `rows`
+        located already (`locate_in`)."""
         cameras = self.cameras
         windowed = spec.offsets if spec is not None else {}
         plain = [name for name in names or [] if name in cameras and name not in windowed]
-        located = None
         if plain and self._references_possible(rows):
-            located = self.locate(rows)
+            located = located if located is not None else self.locate(rows)
             for key in list(plain):
                 referenced = self.frame_references(cameras[key], located)
                 if referenced is not None:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from episerve._episodes import Episodes
-from episerve._errors import ConnectionFailed, EpiserveError, ServerError, TooLarge, server_error
+from episerve._errors import ConnectionFailed, EpiserveError, NotFound, ServerError, TooLarge, server_error
 from episerve._local_frames import FramesUnavailable, LocalFrames
 from episerve._retry import RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
 from episerve._selection import ArrowBody, DeltaTimestamps, Pages, Selection
@@ -40,6 +40,7 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_TIMEOUT = 60.0
 _PAGE_ROWS = 1_000_000  # the server's default `max_rows_per_response`
 _TAKE_INDICES = 100_000  # the server's default `max_take_indices`
+_MAX_TAKES = 1024  # takes per `POST /takes` request
 _MAX_SPEC_IN_URL = 4000  # longer episode specs travel in a POST /rows body instead of the query string
 _USER_AGENT = f"episerve-client/{__version__}"
 
@@ -86,6 +87,7 @@ class Client:
         self.local_frames = LocalFrames(cache_dir) if cache_dir is not None else None
         self._page_rows = _PAGE_ROWS
         self._take_indices = _TAKE_INDICES
+        self._takes_supported = True
         self._transport: Transport | None = None
         self._pid = 0
         self._answered = False  # the server has answered this client (or the one it was copied from) once
@@ -236,6 +238,54 @@ class Client:
             position += len(page)
             if position >= len(wanted):
                 return Pages(bodies, total)
+
+    def read_takes(self, takes: Sequence[tuple[Selection, Sequence[int] | np.ndarray]]) -> list[Pages]:
+        """The rows of several takes, each a selection (of any dataset) and its view positions: one `Pages` per
+        take, in order, its rows in the order asked.
+
+        One `POST /takes` request when the takes fit the server's limits together (a mixture's batch), else one
+        paged take each, as from a server without `/takes`.
+        """
+        wanted = [(selection, np.asarray(indices, dtype=np.int64).reshape(-1)) for selection, indices in takes]
+        count = sum(len(indices) for _, indices in wanted)
+        while self._takes_supported and 0 < len(wanted) <= _MAX_TAKES and count <= self._take_indices:
+            try:
+                return self._takes_request(wanted)
+            except TooLarge as exc:
+                self._take_indices = _smaller_limit(exc, count)
+            except NotFound as exc:
+                if not str(exc.body.get("detail", "")).startswith("no route "):
+                    raise
+                self._takes_supported = False  # an older server
+        return [self.read_take(selection, indices) for selection, indices in wanted]
+
+    def _takes_request(self, takes: list[tuple[Selection, np.ndarray]]) -> list[Pages]:
+        """One `POST /takes` request; camera frames read from `cache_dir` where they can be."""
+        payload = [{"dataset": selection.dataset_id} | _take_body(selection, page) for selection, page in takes]
+        if self.compression is not None:
+            payload = [take | {"compression": self.compression} for take in payload]
+        local = self.local_frames
+        if local is not None and local.in_use:
+            referenced = [take | {"frames": "references"} for take in payload]
+            tables, buffer, totals = self._takes_answer(referenced)
+            try:
+                resolved = [local.resolve(table) for table in tables]
+                return [Pages([ArrowBody(t, buffer)], total) for t, total in zip(resolved, totals, strict=True)]
+            except FramesUnavailable as exc:
+                local.missed(exc)
+        tables, buffer, totals = self._takes_answer(payload)
+        return [Pages([ArrowBody(t, buffer)], total) for t, total in zip(tables, totals, strict=True)]
+
+    def _takes_answer(self, payload: list[dict[str, Any]]) -> tuple[list[pa.Table], pa.Buffer, list[int]]:
+        """The tables of a `POST /takes` answer (its streams, one after another), their buffer and view lengths."""
+        response = self._send("POST", "/takes", body={"takes": payload}, arrow=True)
+        body = _arrow_body_buffer(response, "the takes")
+        reader = pa.BufferReader(body)
+        tables = [pa.ipc.open_stream(reader).read_all() for _ in payload]
+        totals = [int(total) for total in response.headers["x-total-rows"].split(",")]
+        if reader.tell() != body.size or len(totals) != len(payload):
+            raise EpiserveError(f"the server answered {len(payload)} takes with another number of streams")
+        return tables, body, totals
 
     def _take_page(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int]:
         """One `/rows/take` request and the view length; camera frames read from `cache_dir` where it can."""
@@ -406,10 +456,15 @@ def _query_value(name: str, value: Any) -> Any:
 
 
 def _arrow_body(response: Response, dataset_id: str) -> ArrowBody:
+    body = _arrow_body_buffer(response, f"dataset {dataset_id!r}")
+    return ArrowBody(pa.ipc.open_stream(body).read_all(), body)
+
+
+def _arrow_body_buffer(response: Response, what: str) -> pa.Buffer:
     media = response.headers.get("content-type", "").split(";")[0].strip()
     if media != ARROW_STREAM:
-        raise EpiserveError(f"expected an Arrow stream for dataset {dataset_id!r}, got {media or 'no type'!r}")
-    return ArrowBody(pa.ipc.open_stream(response.body).read_all(), response.body)
+        raise EpiserveError(f"expected an Arrow stream for {what}, got {media or 'no type'!r}")
+    return response.body
 
 
 def _error(response: Response, method: str, url: str) -> ServerError:

@@ -1,17 +1,16 @@
-"""Reading a batch of a mixture: one take per component, issued concurrently, assembled into one batch.
+"""Reading a batch of a mixture: one take per component, all in one request, assembled into one batch.
 
-A batch's positions are grouped by component; each group is one `POST /rows/take` of that component's view (the
-decoded-frame cache and frame references work as for one dataset), sent from a small thread pool so the
-components' reads overlap. Each component's columns are then fitted to the mixture's schema (`_mixture_schema`):
-renamed, vectors padded with their `<name>_is_real` masks, missing cameras as zeros with `<name>_is_missing`,
-window flags of missing features all True, and `dataset_index` set. Camera frames go straight from each response
-into their rows of the batch, channels first, in one copy.
+A batch's positions are grouped by component; each group is one take of that component's view (the decoded-frame
+cache and frame references work as for one dataset), and the batch's takes travel together as one `POST /takes`
+(`Client.read_takes`): a batch costs one request however many components it draws from. Each component's columns
+are then fitted to the mixture's schema (`_mixture_schema`): renamed, vectors padded with their `<name>_is_real`
+masks, missing cameras as zeros with `<name>_is_missing`, window flags of missing features all True, and
+`dataset_index` set. Camera frames go straight from each response into their rows of the batch, channels first,
+in one copy.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -30,9 +29,6 @@ class MixtureReader:
         self.resolved = resolved
         self.decode_images = decode_images
         self.empty = empty
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
-        self._lock = threading.Lock()
 
     def read(self, components: np.ndarray, rows: np.ndarray) -> Columns:
         """The rows `rows[i]` of components `components[i]`, as one batch's columns in that order."""
@@ -40,28 +36,10 @@ class MixtureReader:
         groups = [(k, np.flatnonzero(components == k)) for k in np.unique(components).tolist()]
         out = self._allocate(count)
         out[DATASET_INDEX] = np.asarray(components, dtype=np.int64).copy()
-
-        def fetch(group: tuple[int, np.ndarray]) -> None:
-            k, slots = group
-            table = self.client.read_take(self.resolved.components[k].selection, rows[slots]).table
-            self._fill(out, count, k, slots, table)
-
-        if len(groups) == 1:
-            fetch(groups[0])
-        else:
-            for future in [self._executor().submit(fetch, group) for group in groups]:
-                future.result()
+        pages = self.client.read_takes([(self.resolved.components[k].selection, rows[slots]) for k, slots in groups])
+        for (k, slots), page in zip(groups, pages, strict=True):
+            self._fill(out, count, k, slots, page.table)
         return {name: out[name] for name in self.resolved.names}
-
-    def _executor(self) -> ThreadPoolExecutor:
-        import os
-
-        with self._lock:
-            if self._pool is None or self._pool_pid != os.getpid():  # a forked worker makes its own threads
-                workers = min(8, len(self.resolved.components))
-                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="episerve-mixture")
-                self._pool_pid = os.getpid()
-            return self._pool
 
     def _allocate(self, count: int) -> dict[str, Any]:
         """Arrays for the features whose shape the schema fixes (cameras, vectors, masks, flags); the others are
@@ -99,41 +77,23 @@ class MixtureReader:
                 continue
             _scatter(out, feature.name, slots, values, count)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pool"], state["_pool_pid"], state["_lock"] = None, 0, None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-
-_SCATTER_LOCK = threading.Lock()
-
 
 def _scatter(out: dict[str, Any], name: str, slots: np.ndarray, values: np.ndarray, count: int) -> None:
     """`values` into rows `slots` of `out[name]`, made on first use like `values` (an object array when the
-    components' values differ in shape). Under a lock: the components' threads may fill one array."""
-    with _SCATTER_LOCK:
-        target = out.get(name)
-        if target is None:
-            target = out[name] = np.empty((count, *values.shape[1:]), dtype=values.dtype)
-        elif target.dtype != object and (target.shape[1:] != values.shape[1:] or target.dtype != values.dtype):
-            objects = np.empty(len(target), dtype=object)
-            for row, value in enumerate(target):
-                objects[row] = value
-            target = out[name] = objects
-        if target.dtype == object and values.dtype != object:
-            for slot, value in zip(slots.tolist(), values, strict=True):
-                target[slot] = value
-        else:
-            target[slots] = values
+    components' values differ in shape)."""
+    target = out.get(name)
+    if target is None:
+        target = out[name] = np.empty((count, *values.shape[1:]), dtype=values.dtype)
+    elif target.dtype != object and (target.shape[1:] != values.shape[1:] or target.dtype != values.dtype):
+        objects = np.empty(len(target), dtype=object)
+        for row, value in enumerate(target):
+            objects[row] = value
+        target = out[name] = objects
+    if target.dtype == object and values.dtype != object:
+        for slot, value in zip(slots.tolist(), values, strict=True):
+            target[slot] = value
+    else:
+        target[slots] = values
 
 
 def _fill_missing(out: dict[str, Any], count: int, feature: Feature, slots: np.ndarray) -> None:

@@ -1,0 +1,68 @@
+"""Takes of several datasets in one request (`POST /takes`): a mixture's batch, read as one request instead of one
+per dataset.
+
+Each take is an ordinary `TakeRead` of its dataset, with the same limits, decisions and answers. `TakesRead`
+adds what concerns the request as a whole: the indices of all its takes count against one `max_take_indices`,
+and a problem with any take names the take (`takes[i]`, its dataset). Every take is checked before any is
+answered, so a bad take is an error status, never a stream cut short.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from app.errors import OverLimit, ProblemError
+from app.reads.catalog import Catalog
+from app.reads.requests import DatasetTake, TakesRequest
+from app.reads.service import TakeRead
+from app.settings import Settings
+
+
+class TakesRead:
+    """The takes of one `POST /takes` request, in order: `reads[i]` is `takes[i]`'s read."""
+
+    def __init__(self, catalog: Catalog, request: TakesRequest, settings: Settings) -> None:
+        limit = settings.max_take_indices
+        if request.indices > limit:
+            raise OverLimit(
+                f"{request.indices} indices asked by {len(request.takes)} takes; the limit is {limit} per request",
+                limit,
+            )
+        self.takes = request.takes
+        self.reads: list[TakeRead] = []
+        for number, take in enumerate(request.takes):
+            with naming(number, take):
+                self.reads.append(TakeRead(catalog.get(take.dataset), take))
+
+    def quick(self) -> bool:
+        """Whether every take can be answered right away from what this process has mapped (see
+        `RowRead.quick`); decided for each take until one cannot."""
+        for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
+            with naming(number, take):
+                if not read.quick():
+                    return False
+        return True
+
+    def check(self) -> None:
+        """Raise the first take's problem, if any, before any is answered (loading indexes: it may block)."""
+        for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
+            with naming(number, take):
+                read.check()
+
+    def view_rows(self) -> list[int]:
+        """Rows in each take's view (after `quick` or `check`)."""
+        return [read.view_rows for read in self.reads]
+
+
+@contextmanager
+def naming(number: int, take: DatasetTake) -> Iterator[None]:
+    """A problem raised inside, with the take it concerns named first in its detail."""
+    try:
+        yield
+    except ProblemError as exc:
+        named = copy.copy(exc)
+        named.detail = f"takes[{number}] (dataset {take.dataset!r}): {exc.detail}"
+        named.args = (named.detail,)
+        raise named from exc
