@@ -8,8 +8,6 @@ the loader has delivered; on resume every worker recomputes how many of its rows
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,6 +20,7 @@ from episerve._episodes import Episodes
 from episerve._errors import EpiserveError
 from episerve._mixture import Mixture
 from episerve._outputs import Output, formatter
+from episerve._prefetch import prefetched
 from episerve._ranks import rank_and_world, worker_info
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps, ImageSize, Selection
@@ -182,7 +181,7 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         def load(piece: tuple[int, int]) -> Columns:
             return self._load(plan, *piece)
 
-        chunks = self._prefetched(load, work) if self.prefetch > 0 else map(load, work)
+        chunks = prefetched(load, work, self.prefetch)
         items = self._batches(chunks) if self.batch_size else self._samples(chunks)
         for rows, item in items:
             if info is None:  # counted when handed over: the consumer holds it while this generator is paused
@@ -219,42 +218,6 @@ class EpisodeIterableDataset(_Base):  # type: ignore[misc]
         only when each batch is at least half a chunk, since a batch cut from a chunk takes the whole chunk's
         memory along with it (a smaller one is copied out instead, and the chunk stays private)."""
         return self.batch_size is not None and self.chunk_rows <= 2 * self.batch_size
-
-    def _prefetched(self, load: Callable[[Any], Columns], work: list[Any]) -> Iterator[Columns]:
-        """`load` of each piece of work, in order, run up to `prefetch` pieces ahead on a background thread."""
-        ready: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.prefetch)
-        stopped = threading.Event()
-
-        def put(item: tuple[str, Any]) -> None:
-            while not stopped.is_set():
-                try:
-                    ready.put(item, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
-
-        def produce() -> None:
-            try:
-                for piece in work:
-                    if stopped.is_set():
-                        return
-                    put(("chunk", load(piece)))
-                put(("end", None))
-            except BaseException as exc:  # handed to the consuming thread, which raises it
-                put(("error", exc))
-
-        thread = threading.Thread(target=produce, name="episerve-prefetch", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, value = ready.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise value
-                yield value
-        finally:
-            stopped.set()
 
     def _samples(self, chunks: Iterator[Columns]) -> Iterator[tuple[int, dict[str, Any]]]:
         for columns in chunks:

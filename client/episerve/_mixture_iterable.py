@@ -14,6 +14,7 @@ from episerve._mixture import Mixture
 from episerve._mixture_dataset import MixtureSource
 from episerve._mixture_stats import Stats
 from episerve._outputs import Formatter, Output
+from episerve._prefetch import prefetched
 from episerve._ranks import rank_and_world, worker_info
 from episerve._retry import Retries
 from episerve._selection import DeltaTimestamps
@@ -29,8 +30,9 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
 
     Global step `s` covers positions `[s G, (s + 1) G)`, `G = batch_size * world_size`; this rank takes its
     consecutive part of each step, and its DataLoader workers take its steps in turn (use
-    `DataLoader(ds, batch_size=None, num_workers=W)`). Each batch is one take per component, sent concurrently.
-    Samples are as `MixtureDataset` describes them.
+    `DataLoader(ds, batch_size=None, num_workers=W)`). Each batch is one request (a take per component in one
+    `POST /takes`); a worker reads `prefetch` batches ahead on a background thread. Samples are as `MixtureDataset`
+    describes them.
 
     `state_dict(batches)` — `batches` being how many batches this rank's loader delivered in this iteration —
     holds only (mixture version, seed, epoch, global position); `load_state_dict` continues from that position
@@ -57,6 +59,7 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         output: Output | Formatter | None = None,
         token: str | None = None,
         retries: Retries | int | None = None,
+        prefetch: int = 2,
     ) -> None:
         self.client = connect(url, token, retries, None)
         self.source = MixtureSource(
@@ -66,6 +69,7 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.drop_last = drop_last
         self.transform = transform
+        self.prefetch = prefetch
         self.epoch = 0
         self.start = 0
         self._delivered: int | None = None  # batches handed out this iteration, when iterated in this process
@@ -124,11 +128,14 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         steps = self._steps()
         if info is None:
             self._delivered = 0
-        for step in range(worker, steps.num_steps, workers):
-            low, high = steps.span(step, self.rank)
-            if low == high:  # a last step shorter than the ranks: this rank has no part of it
-                continue
-            batch = self.source.read(self.epoch, np.arange(low, high))
+        spans = [steps.span(step, self.rank) for step in range(worker, steps.num_steps, workers)]
+        epoch = self.epoch
+
+        def load(span: tuple[int, int]) -> Any:
+            return self.source.read(epoch, np.arange(*span))
+
+        # a last step shorter than the ranks may leave this rank no part of it
+        for batch in prefetched(load, [(low, high) for low, high in spans if low < high], self.prefetch):
             if info is None:
                 self._delivered = (self._delivered or 0) + 1
             yield batch if self.transform is None else self.transform(batch)
@@ -142,13 +149,13 @@ def mixture_iterable(
     url: Any, mixture: Mixture, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> MixtureIterableDataset:
     """`EpisodeIterableDataset(url, mixture, ...)`: the same arguments, for a mixture. Its plan orders the
-    positions, so `shuffle`, `chunk_rows` and `prefetch` do not apply; `batch_size` is required."""
+    positions, so `shuffle` and `chunk_rows` do not apply; `batch_size` is required."""
     episodes, *rest = args or (None,)
     if episodes is not None or kwargs.pop("episodes", None) is not None:
         raise ValueError("a mixture picks episodes per component: Mixture([{'dataset': ..., 'episodes': ...}])")
     if kwargs.pop("image_size", None) is not None:
         raise ValueError("a mixture states the size of its cameras itself: Mixture([...], image_size=(h, w))")
-    for ignored in ("shuffle", "chunk_rows", "prefetch"):
+    for ignored in ("shuffle", "chunk_rows"):
         kwargs.pop(ignored, None)
     if kwargs.get("batch_size") is None:
         raise ValueError("a mixture is streamed in batches: pass batch_size (per rank)")
