@@ -215,6 +215,22 @@ class ArrowChunksResponse(_HeldResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def arrow_streams_response(answers: Sequence[Answer], headers: dict[str, str], hold: Hold | None) -> Response:
+    """Answers read whole (quick ones: one piece each, uncompressed) as their streams one after another in one
+    body of known length, encoded now: only message headers are new, the data is sent from where it lies. `hold`
+    is set to the bytes of the answers that hold memory of their own."""
+    chunks: list[Chunk] = []
+    owned = 0
+    for answer in answers:
+        assert answer.rest is None and answer.codec is None, "read whole, uncompressed"
+        start = len(chunks)
+        for encoded in encode_stream(answer.schema, answer.batches, None, answer.pending):
+            chunks.extend(encoded)
+        if answer.owned:
+            owned += sum(len(chunk) for chunk in chunks[start:])
+    return ArrowChunksResponse(chunks, headers, _held(hold, owned))
+
+
 PartAnswer = Callable[[], Awaitable[Response]]
 
 
@@ -224,14 +240,18 @@ class ArrowStreamsResponse(Response):
     Each part is sent as its own response would send it (from where its rows lie, holding its bytes on the
     in-flight budget until they are sent), without its status line and without ending the body. `made` are parts
     answered already; each of `later` is answered only once the part before it is sent, so the request holds one
-    part's bytes at a time beyond those. The body has a `Content-Length` when every part is made and states one,
-    else it is chunked. A part that cannot be answered or sent in full (a problem once the status is out, or the
-    client gone) leaves the body unfinished: the connection closes and no reader takes it for a whole answer."""
+    part's bytes at a time beyond those. `hold`, if any, is released once the body is sent. The body has a
+    `Content-Length` when every part is made and states one, else it is chunked. A part that cannot be answered or
+    sent in full (a problem once the status is out, or the client gone) leaves the body unfinished: the connection
+    closes and no reader takes it for a whole answer."""
 
     media_type = ARROW_STREAM_MEDIA_TYPE
 
-    def __init__(self, made: list[Response], later: list[PartAnswer], headers: dict[str, str]) -> None:
+    def __init__(
+        self, made: list[Response], later: list[PartAnswer], headers: dict[str, str], hold: Hold | None = None
+    ) -> None:
         super().__init__(headers=headers)
+        self.hold = hold
         lengths = [part.headers.get("content-length") for part in made]
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         if not later and all(length is not None for length in lengths):
@@ -256,6 +276,8 @@ class ArrowStreamsResponse(Response):
             for response in self.made:  # those never sent still hold their bytes
                 if isinstance(response, _HeldResponse) and response.hold is not None:
                     response.hold.release()
+            if self.hold is not None:
+                self.hold.release()
 
 
 async def _sent_as_part(response: Response, scope: Scope, receive: Receive, send: Send) -> bool:

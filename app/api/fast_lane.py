@@ -38,7 +38,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.arrow_response import SEND_BYTES, ArrowStreamsResponse
+from app.api.arrow_response import SEND_BYTES, ArrowStreamsResponse, arrow_streams_response
 from app.api.body_deadline import body_deadline, until
 from app.api.deps import PARSED_REQUEST, PREPARED_READ
 from app.api.json_body import check_declared_length, check_json_content_type, decode_json_body
@@ -188,27 +188,20 @@ class FastLane:
             return None
         if not quick:
             return None
-        holds = []
-        for _ in takes.reads:
-            hold = self.state.inflight.try_hold(self.state.settings.inline_read_bytes + SEND_BYTES)
-            if hold is None:
-                break
-            holds.append(hold)
-        if len(holds) < len(takes.reads):  # the in-flight budget is spent: the route waits its turn
-            for hold in holds:
-                hold.release()
+        hold = self.state.inflight.try_hold(len(takes.reads) * self.state.settings.inline_read_bytes + SEND_BYTES)
+        if hold is None:  # the in-flight budget is spent: the route waits its turn
             scope[PREPARED_READ] = takes
             return None
-        responses = []
         try:
-            for read, hold in zip(takes.reads, holds, strict=True):
-                responses.append(to_response(read.answer(), hold))
+            answers = [read.answer() for read in takes.reads]
         except (ProblemError, WouldBlock):
-            for hold in holds:
-                hold.release()
+            hold.release()
             return None
-        metrics.INLINE_TAKES.inc(len(responses))
-        return ArrowStreamsResponse(responses, [], takes_headers(takes))
+        metrics.INLINE_TAKES.inc(len(answers))
+        if any(answer.codec is not None for answer in answers):  # compressed as sent, a take at a time
+            responses = [to_response(answer) for answer in answers]
+            return ArrowStreamsResponse(responses, [], takes_headers(takes), hold)
+        return arrow_streams_response(answers, takes_headers(takes), hold)
 
     @staticmethod
     def _parsed(scope: Scope, body: bytes, model: type[M]) -> M:
