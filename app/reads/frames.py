@@ -5,6 +5,7 @@ an Arrow fixed-shape tensor column (uint8, (height, width, channels))."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,17 +25,30 @@ TIMESTAMP = "timestamp"
 
 
 def view_schema(dataset: Dataset, index: EpisodeIndex) -> pa.Schema:
-    """The columns of the view: the stored ones, then one per camera."""
-    videos = dataset.info().videos
+    """The columns of the view: the stored ones, then one per camera (remembered per index snapshot)."""
+    info = dataset.info()
+    known = _VIEW_SCHEMAS.get(id(index))
+    if known is not None and known[0]() is index and known[1] is info:
+        return known[2]
+    videos = info.videos
     if not videos:
         return index.schema
     stored = [name for name in videos if name in index.schema.names]
     if stored:
         raise DatasetError(f"cameras {stored} are also stored columns; the dataset is inconsistent")
-    return pa.schema(
+    schema = pa.schema(
         [*index.schema, *(pa.field(key, feature.arrow_type) for key, feature in videos.items())],
         metadata=index.schema.metadata,
     )
+    if len(_VIEW_SCHEMAS) >= _KEPT_VIEW_SCHEMAS:
+        _VIEW_SCHEMAS.clear()  # atomic, unlike dropping the oldest while other threads add theirs
+    _VIEW_SCHEMAS[id(index)] = (weakref.ref(index), info, schema)
+    return schema
+
+
+# By the index snapshot's id, checked against a weak reference to it (an id may be reused once it is gone).
+_VIEW_SCHEMAS: dict[int, tuple[weakref.ref[EpisodeIndex], object, pa.Schema]] = {}
+_KEPT_VIEW_SCHEMAS = 64
 
 
 def resized_cameras(
@@ -82,22 +96,28 @@ class LocatedRows:
 
 def frame_times(source: Source, feature: VideoFeature, episodes: np.ndarray, timestamps: np.ndarray) -> FrameTimes:
     """Where each row's frame is: its video file and the presentation time nearest to which it lies there."""
-    clips: dict[int, EpisodeClip] = {int(e): source.episode_clip(feature.key, int(e)) for e in np.unique(episodes)}
-    wanted = timestamps + np.array([clips[int(e)].from_timestamp for e in episodes])
-    paths = np.array([clips[int(e)].path for e in episodes], dtype=object)
-    return FrameTimes(wanted, paths)
+    distinct, episode_of_row = np.unique(episodes, return_inverse=True)
+    clips: list[EpisodeClip] = [source.episode_clip(feature.key, e) for e in distinct.tolist()]
+    files = sorted({clip.path for clip in clips})
+    file_of_clip = np.array([files.index(clip.path) for clip in clips], dtype=np.int64)
+    starts = np.array([clip.from_timestamp for clip in clips], dtype=np.float64)
+    return FrameTimes(timestamps + starts[episode_of_row], files, file_of_clip[episode_of_row])
 
 
 @dataclass(frozen=True)
 class FrameTimes:
-    """For each row, the video file its frame is in and the time it is wanted at there."""
+    """For each row, the time its frame is wanted at in its video file, and which file (an index into `paths`,
+    the distinct files, sorted)."""
 
     wanted: np.ndarray
-    paths: np.ndarray
+    paths: list[str]
+    file_of_row: np.ndarray
 
-    def files(self) -> list[str]:
-        """The distinct video files, sorted."""
-        return sorted(set(self.paths.tolist()))
+    def rows_in(self, file: int) -> np.ndarray:
+        """The rows whose frame lies in `paths[file]`."""
+        if len(self.paths) == 1:
+            return np.arange(len(self.wanted))
+        return np.flatnonzero(self.file_of_row == file)
 
 
 def video_files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list[tuple[str, pa.Schema]]:

@@ -257,13 +257,16 @@ class ViewRead:
         frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
         deferred = self.pending if len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
         found = np.empty(len(located.episodes))
-        for path in times_of.files():
-            here = np.flatnonzero(times_of.paths == path)
+        for file, path in enumerate(times_of.paths):
+            here = times_of.rows_in(file)
             times, back = np.unique(times_of.wanted[here], return_inverse=True)
-            picture_of_row = np.full(len(located.episodes), -1)
-            picture_of_row[here] = back
-            positions = np.flatnonzero(np.isin(order, here))
-            picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
+            if len(here) == len(located.episodes):  # every row in this one file
+                positions, picks = np.arange(len(order)), back[order]
+            else:
+                picture_of_row = np.full(len(located.episodes), -1)
+                picture_of_row[here] = back
+                positions = np.flatnonzero(np.isin(order, here))
+                picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
             segment = self.frame_segment(path, feature)
             if segment is None:
                 if not self.may_block:
@@ -296,7 +299,7 @@ class ViewRead:
             return None
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
         segments = []
-        for path in times_of.files():
+        for path in times_of.paths:
             segment = self.frame_segment(path, feature)
             if segment is not None and not segment.at_path():
                 # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
@@ -310,8 +313,8 @@ class ViewRead:
         found = np.empty(len(located.episodes))
         segment_of = np.empty(len(located.episodes), dtype=np.int32)
         row_of = np.empty(len(located.episodes), dtype=np.int64)
-        for number, (path, segment) in enumerate(zip(times_of.files(), segments, strict=True)):
-            here = np.flatnonzero(times_of.paths == path)
+        for number, segment in enumerate(segments):
+            here = times_of.rows_in(number)
             times, back = np.unique(times_of.wanted[here], return_inverse=True)
             rows, at = nearest_in_segment(segment, times)
             segment_of[here], row_of[here], found[here] = number, rows[back], at[back]

@@ -7,6 +7,7 @@ A generic dataset is any directory of parquet files (directly in it or under `da
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,10 @@ class ParquetSource:
 
     def is_unchanged(self, source: SourceFingerprint) -> bool:
         try:
-            return source.same_file((self.root / source.path).stat())
+            root = self.root
+            # Every read asks: a local file's stat without building a Path.
+            stat = os.stat(os.path.join(root, source.path)) if isinstance(root, Path) else (root / source.path).stat()
+            return source.same_file(stat)
         except FileNotFoundError:
             # An object deleted from a store leaves its built segment serving (on a node, the cache is the copy
             # that counts); a request for rows not cached yet gets a 503 naming the object. A deleted local file
