@@ -187,6 +187,15 @@ def _pixel_views(segment: Segment, feature: VideoFeature) -> list[np.ndarray]:
     return views
 
 
+def tensor_column(frames: np.ndarray, feature: VideoFeature) -> pa.ExtensionArray:
+    """`frames` (n, height, width, channels, C-contiguous uint8) as a column of the camera's tensor type,
+    zero-copy (a quarter of the cost of `FixedShapeTensorArray.from_numpy_ndarray`, which checks its input)."""
+    kind = feature.arrow_type
+    values = pa.Array.from_buffers(pa.uint8(), frames.size, [None, pa.py_buffer(frames)])
+    storage = pa.Array.from_buffers(kind.storage_type, len(frames), [None], children=[values])
+    return pa.ExtensionArray.from_storage(kind, storage)
+
+
 def empty_frames(kind: pa.ExtensionType) -> pa.ExtensionArray:
     return pa.ExtensionArray.from_storage(kind, pa.array([], type=kind.storage_type))
 

@@ -29,6 +29,7 @@ from app.reads.frames import (
     nearest_in_segment,
     nearest_pictures,
     places_of,
+    tensor_column,
 )
 from app.reads.pending_copies import PendingCopies
 from app.reads.takes import gather_rows, project
@@ -244,9 +245,7 @@ class ViewRead:
         if len(rows) == 0:
             return {key: empty_frames(self.cameras[key].arrow_type) for key in keys}
         located = located if located is not None else self.locate(rows)
-        return {
-            key: pa.FixedShapeTensorArray.from_numpy_ndarray(self._frames(self.cameras[key], located)) for key in keys
-        }
+        return {key: tensor_column(self._frames(self.cameras[key], located), self.cameras[key]) for key in keys}
 
     def _frames(self, feature: VideoFeature, located: LocatedRows) -> np.ndarray:
         """The frames of `feature` for the `located` rows in request order, checked against the tolerance. Each
