@@ -90,8 +90,8 @@ class MixtureDataset(_Base):  # type: ignore[misc]
     with `<name>_is_real`, missing cameras as zeros with `<name>_is_missing`) and `dataset_index`.
 
     Use `ds.sampler(batch_size)` as the DataLoader's `batch_sampler` (with `collate_fn=episerve.collate`): each
-    batch is one take per component, sent concurrently. `stats()` are the components' statistics merged as LeRobot
-    merges them.
+    batch is one request (a take per component, together in one `POST /takes`). `stats()` are the components'
+    statistics merged as LeRobot merges them.
     """
 
     def __init__(
@@ -145,7 +145,7 @@ class MixtureDataset(_Base):  # type: ignore[misc]
         return self.__getitems__([operator.index(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> Batch | list[Any]:
-        """The samples at `indices` (epoch * len + position), read with one take per component."""
+        """The samples at `indices` (epoch * len + position), read in one request (a take per component)."""
         wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(wanted) and wanted.min() < 0:
             raise IndexError("mixture indices are non-negative: epoch * len(dataset) + position")

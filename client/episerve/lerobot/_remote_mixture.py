@@ -135,7 +135,7 @@ class RemoteLeRobotMixture(_Base):  # type: ignore[misc]
         return self.__getitems__([operator.index(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> Batch:
-        """The samples at positions `indices` of the current epoch, read with one take per component."""
+        """The samples at positions `indices` of the current epoch, read in one request (a take per component)."""
         positions = np.asarray(indices, dtype=np.int64).reshape(-1)
         positions = np.where(positions < 0, positions + len(self), positions)
         if len(positions) and (positions.min() < 0 or positions.max() >= len(self)):
