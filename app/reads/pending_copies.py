@@ -42,14 +42,20 @@ class PendingCopies:
 
     def add(self, target: np.ndarray, rows: np.ndarray, sources: Sequence[np.ndarray]) -> None:
         """`target[rows[i]]` is to hold `sources[i]`. `target` is C-contiguous, one row per item of its first axis,
-        and each source has the shape and dtype of one row."""
+        and each source has the shape and dtype of one row. Rows of a target added before (frames of another
+        video file of the same camera column) join its pending rows: a buffer sent is looked up once."""
         if not target.flags.c_contiguous:
             raise ValueError("a target of pending copies must be C-contiguous")
         row_bytes = target[0].nbytes
         if any(source.nbytes != row_bytes or not source.flags.c_contiguous for source in sources):
             raise ValueError("every source of a pending copy must be one contiguous row of its target")
         pending = dict(zip(rows.tolist(), sources, strict=True))
-        self._targets.append(_Target(target, target.ctypes.data, row_bytes, pending))
+        address = target.ctypes.data
+        for known in self._targets:
+            if known.address == address and known.array.nbytes == target.nbytes:  # more rows of the same buffer
+                known.sources.update(pending)
+                return
+        self._targets.append(_Target(target, address, row_bytes, pending))
 
     def make(self) -> None:
         """Copy every pending row into place (once); from then on the answer's buffers hold all their data."""
