@@ -10,8 +10,9 @@ Batch 64, 2 workers, reading the camera and `index`:
 
 - map-style: `MixtureDataset` with its `sampler(64)`, against `EpisodeDataset` over the first dataset with a
   shuffled batch sampler;
-- iterable: `MixtureIterableDataset(batch_size=64)`, against `EpisodeIterableDataset(shuffle=True,
-  chunk_rows=128, batch_size=64)` over the first dataset.
+- iterable: `MixtureIterableDataset(batch_size=64, chunk_rows=128)`, against `EpisodeIterableDataset(shuffle=True,
+  chunk_rows=128, batch_size=64)` over the first dataset: both read 128 rows (two batches) per request, the
+  mixture's from its globally shuffled plan, the one dataset's a contiguous chunk shuffled within.
 
 The clock starts once the first batch has arrived; every loader runs `Scale.rounds` times (at least 7 in full
 mode), interleaved; medians.
@@ -33,6 +34,7 @@ from bench.report import Row
 from bench.timing import Figures, in_rounds, medians, ratio_spread
 
 BATCH = 64
+CHUNK = 128  # rows an iterable loader reads per request
 WORKERS = 2
 TOP = "observation.images.top"
 COLUMNS = [TOP, "index"]
@@ -134,12 +136,12 @@ def _loaders(url: str) -> dict[str, Any]:
         return DataLoader(dataset, BATCH, shuffle=True, collate_fn=episerve.collate, num_workers=WORKERS)
 
     def iterable_mixture() -> Iterable[Any]:
-        dataset = episerve.MixtureIterableDataset(url, _mixture(), COLUMNS, batch_size=BATCH)
+        dataset = episerve.MixtureIterableDataset(url, _mixture(), COLUMNS, batch_size=BATCH, chunk_rows=CHUNK)
         return DataLoader(dataset, batch_size=None, num_workers=WORKERS)
 
     def iterable_one() -> Iterable[Any]:
         dataset = episerve.EpisodeIterableDataset(
-            url, "robot-a", columns=COLUMNS, shuffle=True, chunk_rows=128, batch_size=BATCH
+            url, "robot-a", columns=COLUMNS, shuffle=True, chunk_rows=CHUNK, batch_size=BATCH
         )
         return DataLoader(dataset, batch_size=None, num_workers=WORKERS)
 

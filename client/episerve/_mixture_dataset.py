@@ -17,6 +17,7 @@ import numpy as np
 
 from episerve._client import Client, connect
 from episerve._collate import Batch
+from episerve._columns import Allocate, Columns
 from episerve._global_steps import GlobalSteps, check_state, resume_state
 from episerve._mixture import Mixture
 from episerve._mixture_reads import MixtureReader
@@ -66,6 +67,11 @@ class MixtureSource:
 
     def read(self, epochs: np.ndarray | int, positions: np.ndarray) -> dict[str, Any]:
         """The samples at `positions` of `epochs` (one epoch, or one per position), as a batch dict."""
+        return self.output.format(self.read_columns(epochs, positions))
+
+    def read_columns(self, epochs: np.ndarray | int, positions: np.ndarray, empty: Allocate | None = None) -> Columns:
+        """The samples at `positions` of `epochs` as columns, not formatted yet; camera frames in arrays from
+        `empty` (by default the output's)."""
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         epochs = np.broadcast_to(np.asarray(epochs, dtype=np.int64), positions.shape)
         components = np.empty(len(positions), dtype=np.int64)
@@ -73,7 +79,7 @@ class MixtureSource:
         for epoch in np.unique(epochs).tolist():
             mine = epochs == epoch
             components[mine], rows[mine] = self.plan.locate(epoch, positions[mine])
-        return self.output.format(self.reader.read(components, rows))
+        return self.reader.read(components, rows, empty)
 
     def stats(self) -> Stats:
         return merge_stats(component_stats(self.client, self.mixture.components))

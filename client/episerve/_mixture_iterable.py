@@ -3,6 +3,7 @@ sequence of positions, resumable on any world size, worker count or per-rank bat
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,9 +31,11 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
 
     Global step `s` covers positions `[s G, (s + 1) G)`, `G = batch_size * world_size`; this rank takes its
     consecutive part of each step, and its DataLoader workers take its steps in turn (use
-    `DataLoader(ds, batch_size=None, num_workers=W)`). Each batch is one request (a take per component in one
-    `POST /takes`); a worker reads `prefetch` batches ahead on a background thread. Samples are as `MixtureDataset`
-    describes them.
+    `DataLoader(ds, batch_size=None, num_workers=W)`). A worker reads `chunk_rows` rows of its batches per
+    request (whole batches, at least one; by default one batch per request), each request a take per component in
+    one `POST /takes`, and `prefetch` requests ahead on a background thread; chunks of up to two batches go where
+    the output wants them (shared memory in a DataLoader worker), larger ones are copied out a batch at a time.
+    Samples are as `MixtureDataset` describes them.
 
     `state_dict(batches)` — `batches` being how many batches this rank's loader delivered in this iteration —
     holds only (mixture version, seed, epoch, global position); `load_state_dict` continues from that position
@@ -59,8 +62,11 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         output: Output | Formatter | None = None,
         token: str | None = None,
         retries: Retries | int | None = None,
+        chunk_rows: int | None = None,
         prefetch: int = 2,
     ) -> None:
+        if chunk_rows is not None and chunk_rows < 1:
+            raise ValueError("chunk_rows must be at least 1 (or None: one batch per request)")
         self.client = connect(url, token, retries, None)
         self.source = MixtureSource(
             self.client, mixture, columns, delta_timestamps, tolerance_s, decode_images, output, seed, epoch_size
@@ -69,6 +75,7 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.drop_last = drop_last
         self.transform = transform
+        self.batches_per_read = max(1, (chunk_rows or 0) // batch_size)
         self.prefetch = prefetch
         self.epoch = 0
         self.start = 0
@@ -129,16 +136,28 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         if info is None:
             self._delivered = 0
         spans = [steps.span(step, self.rank) for step in range(worker, steps.num_steps, workers)]
-        epoch = self.epoch
+        spans = [(low, high) for low, high in spans if low < high]  # a last step may leave this rank no part
+        per_read, epoch, source = self.batches_per_read, self.epoch, self.source
+        # A batch cut from a chunk takes the chunk's shared memory along: worth it up to two batches a chunk.
+        empty = None if per_read <= 2 else np.empty
 
-        def load(span: tuple[int, int]) -> Any:
-            return self.source.read(epoch, np.arange(*span))
+        def load(reads: list[tuple[int, int]]) -> list[Any]:
+            """The batches of `reads` (spans of positions), read in one request."""
+            columns = source.read_columns(epoch, np.concatenate([np.arange(low, high) for low, high in reads]), empty)
+            bounds = np.cumsum([0, *(high - low for low, high in reads)]).tolist()
+            return [
+                source.output.format(
+                    {name: values[a:b] for name, values in columns.items()} if len(reads) > 1 else columns
+                )
+                for a, b in itertools.pairwise(bounds)
+            ]
 
-        # a last step shorter than the ranks may leave this rank no part of it
-        for batch in prefetched(load, [(low, high) for low, high in spans if low < high], self.prefetch):
-            if info is None:
-                self._delivered = (self._delivered or 0) + 1
-            yield batch if self.transform is None else self.transform(batch)
+        chunks = [spans[i : i + per_read] for i in range(0, len(spans), per_read)]
+        for batches in prefetched(load, chunks, self.prefetch):
+            for batch in batches:
+                if info is None:
+                    self._delivered = (self._delivered or 0) + 1
+                yield batch if self.transform is None else self.transform(batch)
 
     def stats(self) -> Stats:
         """The mixture's feature statistics (see `episerve._mixture_stats`)."""
@@ -149,14 +168,14 @@ def mixture_iterable(
     url: Any, mixture: Mixture, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> MixtureIterableDataset:
     """`EpisodeIterableDataset(url, mixture, ...)`: the same arguments, for a mixture. Its plan orders the
-    positions, so `shuffle` and `chunk_rows` do not apply; `batch_size` is required."""
+    positions, so `shuffle` does not apply; `batch_size` is required, and `chunk_rows` (rows read per request)
+    counts whole batches."""
     episodes, *rest = args or (None,)
     if episodes is not None or kwargs.pop("episodes", None) is not None:
         raise ValueError("a mixture picks episodes per component: Mixture([{'dataset': ..., 'episodes': ...}])")
     if kwargs.pop("image_size", None) is not None:
         raise ValueError("a mixture states the size of its cameras itself: Mixture([...], image_size=(h, w))")
-    for ignored in ("shuffle", "chunk_rows"):
-        kwargs.pop(ignored, None)
+    kwargs.pop("shuffle", None)
     if kwargs.get("batch_size") is None:
         raise ValueError("a mixture is streamed in batches: pass batch_size (per rank)")
     return MixtureIterableDataset(url, mixture, *rest, **kwargs)

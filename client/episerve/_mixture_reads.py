@@ -30,25 +30,26 @@ class MixtureReader:
         self.decode_images = decode_images
         self.empty = empty
 
-    def read(self, components: np.ndarray, rows: np.ndarray) -> Columns:
-        """The rows `rows[i]` of components `components[i]`, as one batch's columns in that order."""
+    def read(self, components: np.ndarray, rows: np.ndarray, empty: Allocate | None = None) -> Columns:
+        """The rows `rows[i]` of components `components[i]`, as one batch's columns in that order; camera frames
+        in arrays from `empty` (by default the reader's)."""
         count = len(rows)
         groups = [(k, np.flatnonzero(components == k)) for k in np.unique(components).tolist()]
-        out = self._allocate(count)
+        out = self._allocate(count, empty or self.empty)
         out[DATASET_INDEX] = np.asarray(components, dtype=np.int64).copy()
         pages = self.client.read_takes([(self.resolved.components[k].selection, rows[slots]) for k, slots in groups])
         for (k, slots), page in zip(groups, pages, strict=True):
             self._fill(out, count, k, slots, page.table)
         return {name: out[name] for name in self.resolved.names}
 
-    def _allocate(self, count: int) -> dict[str, Any]:
+    def _allocate(self, count: int, empty: Allocate) -> dict[str, Any]:
         """Arrays for the features whose shape the schema fixes (cameras, vectors, masks, flags); the others are
         made from the first component's values."""
         out: dict[str, Any] = {}
         for feature in self.resolved.features:
             if feature.kind == "camera":
                 *lead, height, width, channels = feature.arrow_type.shape
-                out[feature.name] = self.empty((count, *lead, channels, height, width), np.dtype(np.uint8))
+                out[feature.name] = empty((count, *lead, channels, height, width), np.dtype(np.uint8))
                 if feature.flag is not None:
                     out[feature.flag] = np.zeros(count, dtype=bool)
             elif feature.kind == "vector" and feature.mask is not None:

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 import episerve
 from app.demo import write_demo_dataset
+from episerve._global_steps import GlobalSteps
 from episerve._mixture_dataset import MixtureDataset
 from episerve._mixture_iterable import MixtureIterableDataset
 from tests.client.helpers import run_in_process
@@ -378,9 +379,21 @@ def test_an_epoch_honours_the_weights_in_every_prefix_and_draws_without_replacem
 # --- ranks and workers ----------------------------------------------------------------------------------------
 
 
-def run_rank(url: str, rank: int, world: int, workers: int, batch_size: int, state: dict | None, batches: int | None):
-    """One rank's process: a DataLoader with `workers` workers from `state`, `batches` batches (all when None)."""
-    dataset = MixtureIterableDataset(url, CROSS, CHEAP, batch_size=batch_size, rank=rank, world_size=world, seed=8)
+def run_rank(
+    url: str,
+    rank: int,
+    world: int,
+    workers: int,
+    batch_size: int,
+    state: dict | None,
+    batches: int | None,
+    chunk_rows: int | None,
+):
+    """One rank's process: a DataLoader with `workers` workers from `state`, `batches` batches (all when None),
+    reading `chunk_rows` rows per request."""
+    dataset = MixtureIterableDataset(
+        url, CROSS, CHEAP, batch_size=batch_size, rank=rank, world_size=world, seed=8, chunk_rows=chunk_rows
+    )
     dataset.set_epoch(1)
     if state is not None:
         dataset.load_state_dict(state)
@@ -397,9 +410,10 @@ def run_rank(url: str, rank: int, world: int, workers: int, batch_size: int, sta
 def test_resuming_on_other_world_sizes_workers_and_batches_delivers_every_position_once(mixture_url: str) -> None:
     state = None
     delivered: list[tuple[int, int]] = []
-    for world, workers, batch_size, batches in [(4, 2, 3, 5), (3, 1, 4, 7), (5, 3, 2, None)]:
+    # Reading several batches per request (two in the second run; three, copied out, in the third) changes nothing.
+    for world, workers, batch_size, batches, chunk_rows in [(4, 2, 3, 5, None), (3, 1, 4, 7, 8), (5, 3, 2, None, 6)]:
         results = [
-            run_in_process(run_rank, mixture_url, rank, world, workers, batch_size, state, batches)
+            run_in_process(run_rank, mixture_url, rank, world, workers, batch_size, state, batches, chunk_rows)
             for rank in range(world)
         ]
         states = [saved for _, saved in results]
@@ -417,6 +431,26 @@ def test_resuming_on_other_world_sizes_workers_and_batches_delivers_every_positi
     assert state["position"] == reference.epoch_size and state["epoch"] == 1
     everything = expected_pairs(reference, mixture_url, 1, np.arange(reference.epoch_size))
     assert sorted(delivered) == sorted(everything) and len(delivered) == reference.epoch_size
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 10, 15])
+def test_streamed_batches_are_the_map_style_samples_however_many_a_request_reads(
+    mixture_url: str, chunk_rows: int | None
+) -> None:
+    columns = [TOP, "observation.state", "index"]
+    streamed = MixtureIterableDataset(mixture_url, CROSS, columns, batch_size=5, seed=6, chunk_rows=chunk_rows)
+    streamed.set_epoch(1)
+    reference = MixtureDataset(mixture_url, CROSS, columns, seed=6)
+    batches = list(DataLoader(streamed, batch_size=None, num_workers=2))
+    assert sum(len(batch["index"]) for batch in batches) == len(reference)
+    steps = GlobalSteps(len(reference), 0, 5, 1, False)
+    for worker in range(2):  # worker w yields steps w, w + 2, ...; the DataLoader takes the workers in turn
+        for number, step in enumerate(range(worker, steps.num_steps, 2)):
+            low, high = steps.span(step, 0)
+            want = episerve.collate(reference.__getitems__((len(reference) + np.arange(low, high)).tolist()))
+            got = batches[2 * number + worker]
+            for name in [*columns, "observation.state_is_real", "dataset_index"]:
+                np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
 
 
 def _part(low: int, high: int, rank: int, world: int) -> tuple[int, int]:
