@@ -116,7 +116,7 @@ class ViewRead:
         episodes = self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1]
         source, copied = self.dataset.source(), 0
         for key in rows.cameras:
-            paths = {source.episode_clip(key, int(e)).path for e in np.unique(episodes)}
+            paths = {source.episode_clip(key, e).path for e in distinct(episodes)}
             for path in paths:
                 segment = self.dataset.frames.mapped_segment(path)
                 if segment is None:
@@ -153,8 +153,9 @@ class ViewRead:
         return self.dataset.frames.segment(path, frame_schema(feature), build=policy == "first-touch")
 
     def _row_sources(self, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
-        if all(number in self._segments for number in np.unique(files).tolist()):
-            return {number: self._segments[number] for number in np.unique(files).tolist()}
+        numbers = distinct(files)
+        if all(number in self._segments for number in numbers):
+            return {number: self._segments[number] for number in numbers}
         if not self.may_block:
             raise WouldBlock("rows of segments not mapped")
         return self.dataset.rows.sources(self.index, files, stored)
@@ -171,7 +172,7 @@ class ViewRead:
         """View `rows` (in range) of the stored columns `names`, in that order; rows of files whose segments are
         not built yet are read cold (see `app.reads.takes`)."""
         located = files, stored = self.view.locate(rows)
-        touched = np.unique(files).tolist()
+        touched = distinct(files)
         self.dataset.ensure_fresh(self.index, touched)
         if len(rows) == 0:
             return project(self.index.schema, names).empty_table()
@@ -406,4 +407,15 @@ class RowsNeeded:
         """The source files holding the rows."""
         if isinstance(self.rows, range):
             return sorted({file for file, _, _ in view.spans(self.rows.start, self.rows.stop)})
-        return np.unique(view.locate(self.rows)[0]).tolist()
+        return distinct(view.locate(self.rows)[0])
+
+
+def distinct(values: np.ndarray) -> list[int]:
+    """The distinct values, ascending, as ints: at once when they are all one (a take from one source file, or
+    one episode), which is most of the time."""
+    if len(values) == 0:
+        return []
+    first = values[0]
+    if (values == first).all():
+        return [int(first)]
+    return np.unique(values).tolist()
