@@ -1,7 +1,8 @@
 """P12: a weighted mixture of three camera datasets through a torch DataLoader, samples/s, against the same loader
 over one of its datasets alone.
 
-Three LeRobot v3.0 demo datasets (`app.demo`), one AV1 camera each, of different robots: 6 joints at 30 fps with a
+Three LeRobot v3.0 demo datasets (`app.demo`; 150 episodes each in full mode, 15 in quick), one AV1 camera
+each, of different robots: 6 joints at 30 fps with a
 96x128 `observation.images.top`, 9 joints at 15 fps with a 120x160 `observation.images.cam_high`, 14 joints at
 10 fps with a 72x96 `observation.images.front`, weights 3 : 2 : 1, the two other cameras renamed to
 `observation.images.top`. One server (2 workers) with `EPISERVE_VIDEO_CACHE_SIZE=224x224` after
@@ -14,8 +15,8 @@ Batch 64, 2 workers, reading the camera and `index`:
   chunk_rows=128, batch_size=64)` over the first dataset: both read 128 rows (two batches) per request, the
   mixture's from its globally shuffled plan, the one dataset's a contiguous chunk shuffled within.
 
-The clock starts once the first batch has arrived; every loader runs `Scale.rounds` times (at least 7 in full
-mode), interleaved; medians.
+The clock starts once the first batch has arrived and runs for 9,600 samples in full mode (960 in quick); every
+loader runs `Scale.rounds` times (at least 7 in full mode), interleaved; medians.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ ROUNDS = 7  # in full mode: a measurement is well under a second, so medians nee
 
 
 def run(ctx: Context) -> list[Row]:
-    episodes, samples = (50, 3200) if ctx.scale.mode == "full" else (15, 960)
-    root = _datasets(ctx.workdir / "p12-data", episodes)
+    episodes, samples = (150, 9600) if ctx.scale.mode == "full" else (15, 960)
+    root = _datasets(ctx.workdir / f"p12-data-{episodes}", episodes)
     cache = ctx.scratch("p12-cache")
     for name in ROBOTS:
         _warm(ctx, root, cache, name)
