@@ -16,7 +16,7 @@ from app import metrics
 
 log = logging.getLogger("episerve.access")
 
-ROW_READ_ROUTES = frozenset({"/datasets/{dataset_id:path}/rows", "/datasets/{dataset_id:path}/rows/take"})
+ROW_READ_ROUTES = frozenset({"/datasets/{dataset_id:path}/rows", "/datasets/{dataset_id:path}/rows/take", "/takes"})
 
 
 class ObservabilityMiddleware:

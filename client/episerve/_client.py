@@ -252,7 +252,10 @@ class Client:
             try:
                 return self._takes_request(wanted)
             except TooLarge as exc:
-                self._take_indices = _smaller_limit(exc, count)
+                try:
+                    self._take_indices = _smaller_limit(exc, count)
+                except TooLarge:
+                    break  # over a limit other than indices (the body's size): one take at a time may fit
             except NotFound as exc:
                 if not str(exc.body.get("detail", "")).startswith("no route "):
                     raise
