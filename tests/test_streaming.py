@@ -121,10 +121,12 @@ def test_stream_parts_point_into_the_batches_they_encode(tmp_path: Path) -> None
     assert all(len(p) >= OWN_CHUNK_BYTES for p in parts if isinstance(p, memoryview))
 
 
-def test_pending_rows_are_sent_from_their_sources_and_the_stream_equals_the_filled_one() -> None:
+@pytest.mark.parametrize("adds", [1, 2])
+def test_pending_rows_are_sent_from_their_sources_and_the_stream_equals_the_filled_one(adds: int) -> None:
     """Rows left pending (camera frames in a decoded-frame segment) go out as views of their sources, also
-    when a batch is sent in slices; the stream is byte for byte the one of the filled batches, and reading the
-    data fills them in place."""
+    when a batch is sent in slices, and when they were added in several calls (a camera's frames from the
+    segments of several video files); the stream is byte for byte the one of the filled batches, and reading
+    the data fills them in place."""
     from app.reads.arrow_ipc import encode_stream
     from app.reads.pending_copies import PendingCopies
 
@@ -135,7 +137,8 @@ def test_pending_rows_are_sent_from_their_sources_and_the_stream_equals_the_fill
     target[[1, 4]] = rng.integers(0, 256, (2, *shape), dtype=np.uint8)  # rows already in place (decoded)
     rows, picks = np.array([0, 2, 3, 5, 6]), [9, 0, 0, 3, 7]  # one source may fill several rows
     pending = PendingCopies()
-    pending.add(target, rows, [sources[p] for p in picks])
+    for part in np.array_split(np.arange(len(rows)), adds):
+        pending.add(target, rows[part], [sources[picks[i]] for i in part])
     filled = target.copy()
     filled[rows] = sources[picks]
     index = pa.array(np.arange(7, dtype=np.int64))
