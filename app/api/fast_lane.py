@@ -188,7 +188,7 @@ class FastLane:
             return None
         if not quick:
             return None
-        hold = self.state.inflight.try_hold(len(takes.reads) * self.state.settings.inline_read_bytes + SEND_BYTES)
+        hold = self.state.inflight.try_hold(self.state.settings.inline_read_bytes + SEND_BYTES)
         if hold is None:  # the in-flight budget is spent: the route waits its turn
             scope[PREPARED_READ] = takes
             return None

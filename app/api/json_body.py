@@ -18,9 +18,25 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def json_body_schema(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
-    """`openapi_extra` documenting a JSON body that the route reads itself with `read_json_body`."""
-    content = {"application/json": {"schema": model.model_json_schema()}}
+    """`openapi_extra` documenting a JSON body that the route reads itself with `read_json_body`. Nested models
+    are written out in place: pydantic refers to them under the schema's own `$defs`, which a reference from the
+    document's root cannot reach."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+    content = {"application/json": {"schema": _inlined(schema, definitions)}}
     return {"requestBody": {"required": required, "content": content}}
+
+
+def _inlined(node: Any, definitions: dict[str, Any]) -> Any:
+    """`node` with every `{"$ref": "#/$defs/X"}` replaced by definition X (the models are not recursive)."""
+    if isinstance(node, dict):
+        reference = node.get("$ref")
+        if isinstance(reference, str) and reference.startswith("#/$defs/"):
+            return _inlined(definitions[reference.removeprefix("#/$defs/")], definitions)
+        return {key: _inlined(value, definitions) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inlined(item, definitions) for item in node]
+    return node
 
 
 async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:

@@ -31,6 +31,7 @@ class TakesRead:
                 limit,
             )
         self.takes = request.takes
+        self.inline_read_bytes = settings.inline_read_bytes
         self.reads: list[TakeRead] = []
         for number, take in enumerate(request.takes):
             with naming(number, take):
@@ -38,11 +39,16 @@ class TakesRead:
 
     def quick(self) -> bool:
         """Whether every take can be answered right away from what this process has mapped (see
-        `RowRead.quick`); decided for each take until one cannot."""
+        `RowRead.quick`), copying no more than `inline_read_bytes` in all (as one take may); decided for each take
+        until one cannot."""
+        copied = 0
         for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
             with naming(number, take):
                 if not read.quick():
                     return False
+            copied += read.inline_bytes
+            if copied > self.inline_read_bytes:
+                return False
         return True
 
     def check(self) -> None:

@@ -104,6 +104,11 @@ class RowRead:
             self._plan = self._planned(self.dataset.index())
 
     @property
+    def inline_bytes(self) -> int:
+        """Bytes a quick read will copy, as `quick()` estimated them."""
+        return self._plan.read.inline_bytes if self._plan is not None else 0
+
+    @property
     def view_rows(self) -> int:
         """Rows in the read's view, once `quick()` or `check()` has prepared it."""
         assert self._plan is not None, "quick() or check() first"

@@ -65,6 +65,7 @@ class ViewRead:
     def __init__(self, dataset: Dataset, index: EpisodeIndex, view: EpisodeView, options: ReadOptions) -> None:
         self.dataset, self.index, self.view, self.options = dataset, index, view, options
         self.may_block = True
+        self.inline_bytes = 0  # what a quick read will copy, as its decision estimated it
         self.pending = PendingCopies() if options.defer_frames else None
         self._segments: dict[int, Segment] = {}  # source file -> its segment, mapped already (a quick read's)
         self._frame_segments: dict[str, Segment] = {}  # video file -> its decoded-frame segment, likewise
@@ -85,7 +86,9 @@ class ViewRead:
     def answerable_from_maps(self, rows: RowsNeeded, windows: WindowSpec | None = None) -> bool:
         """Whether the read of `rows` (and the `windows` of its non-camera columns) can be answered from segments
         this process has mapped, within `inline_read_bytes` of copies, without waiting: decided before any row is
-        read. When it can, the read no longer may block and keeps the segments it found for its steps."""
+        read. When it can, the read no longer may block and keeps the segments it found for its steps, and
+        `inline_bytes` says about how many bytes it will copy (what the budget counted)."""
+        self.inline_bytes = 0
         quick = self._rows_mapped(rows) and self._frames_mapped(rows)
         if quick and windows is not None:
             lo, hi = self.view.episode_bounds(rows.positions())
@@ -98,11 +101,17 @@ class ViewRead:
 
     def _rows_mapped(self, rows: RowsNeeded) -> bool:
         budget = self.dataset.limits.inline_read_bytes
+        copied = 0
         for number in rows.files(self.view):
             segment = self._segments.get(number) or self.dataset.rows.mapped(self.index, number)
-            if segment is None or (rows.budgeted and rows.count * segment.row_bytes(rows.stored) > budget):
+            if segment is None:
                 return False
+            if rows.budgeted:
+                copied = max(copied, rows.count * segment.row_bytes(rows.stored))
+                if copied > budget:
+                    return False
             self._segments[number] = segment
+        self.inline_bytes += copied
         return True
 
     def _frames_mapped(self, rows: RowsNeeded) -> bool:
@@ -126,6 +135,7 @@ class ViewRead:
             frame_bytes = feature.height * feature.width * feature.channels
             if self.pending is None or frame_bytes < OWN_CHUNK_BYTES:
                 copied += rows.count * frame_bytes
+        self.inline_bytes += copied
         return copied <= self.dataset.limits.inline_read_bytes
 
     # -- segments ------------------------------------------------------------------------------------------------
