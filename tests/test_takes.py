@@ -28,7 +28,14 @@ from torch.utils.data import DataLoader
 
 import episerve
 from app.demo import write_demo_dataset
-from tests.support import ServerProcess, assert_tables_equal, oracle, read_stream, write_generic_dataset
+from tests.support import (
+    ServerProcess,
+    assert_tables_equal,
+    eventually,
+    oracle,
+    read_stream,
+    write_generic_dataset,
+)
 from tests.test_errors import assert_problem
 from tests.test_operations import metric
 from tests.test_windows import assert_windows_match
@@ -467,6 +474,41 @@ def test_read_takes_equals_a_read_take_of_each_in_one_request(root: Path, server
         together[0].table.to_pydict()
         == oracle(root / GENERIC, None).select(["value", "label"]).take([3, 3, 0, 17]).to_pydict()
     )
+    with episerve.Client(servers["off"].url, token=TOKEN, compression="lz4") as packed:
+        compressed = packed.read_takes(takes)
+    assert [p.table.equals(q.table) for p, q in zip(compressed, together, strict=True)] == [True] * len(takes)
+
+
+def test_read_takes_with_the_cache_dir_reads_the_frames_from_the_servers_segments(
+    root: Path, servers: dict[str, ServerProcess]
+) -> None:
+    server = servers["on"]  # first touch builds each video's decoded-frame segment in the background
+    rows = view(root, ROBOT_A, None).num_rows
+    takes = [
+        (episerve.Selection.of(ROBOT_A, None, [TOP, "index"]), np.random.default_rng(14).integers(0, rows, 40)),
+        (episerve.Selection.of(GENERIC, None, ["value"]), [2, 1]),
+    ]
+    frame_bytes = 40 * 48 * 64 * 3
+    with (
+        episerve.Client(server.url, token=TOKEN) as plain,
+        episerve.Client(server.url, token=TOKEN, cache_dir=server.cache_dir) as local,
+        http_of(server) as http,
+    ):
+        want = plain.read_takes(takes)
+
+        def read_from_the_files() -> bool:
+            sent = metric(http.get("/metrics").text, "episerve_response_bytes_total", endpoint=TAKES_ENDPOINT)
+            assert sent >= frame_bytes  # the pixels `plain` was sent, at least
+            got = local.read_takes(takes)
+            assert got[0].table.column_names == [TOP, "index"]
+            assert got[0].table["index"].equals(want[0].table["index"])
+            frames = got[0].table[TOP].combine_chunks().to_numpy_ndarray()
+            assert np.array_equal(frames, want[0].table[TOP].combine_chunks().to_numpy_ndarray())
+            assert got[1].table.equals(want[1].table)
+            after = metric(http.get("/metrics").text, "episerve_response_bytes_total", endpoint=TAKES_ENDPOINT)
+            return after - sent < frame_bytes / 4  # references, not pixels, came over the socket
+
+        eventually(read_from_the_files, 120)
 
 
 def test_read_takes_over_the_servers_limit_falls_back_to_paged_takes(
