@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import episerve
@@ -272,6 +274,43 @@ def test_the_most_takes_a_request_may_hold_are_all_answered_in_order(
         assert int(response.headers["x-row-count"]) == 205
 
 
+RANDOM_COLUMNS = {
+    GENERIC: ["value", "reading", "vec", "label", "episode_index"],
+    ROBOT_A: ["index", "action", "observation.state", "episode_index", "frame_index", "timestamp"],
+    ROBOT_B: ["index", "action", "task_index", "episode_index"],
+}
+
+
+@st.composite
+def random_takes(draw: st.DrawFn, root: Path) -> list[dict[str, Any]]:
+    """1 to 5 takes of any of the three datasets: an episode pick or none, indices of its view (unsorted, with
+    duplicates, possibly none), some of its columns in any order."""
+    takes = []
+    for _ in range(draw(st.integers(1, 5))):
+        dataset = draw(st.sampled_from(sorted(RANDOM_COLUMNS)))
+        episodes = sorted(set(oracle(root / dataset, None)["episode_index"].to_pylist()))
+        pick = draw(st.none() | st.lists(st.sampled_from(episodes), min_size=1, max_size=4))
+        rows = view(root, dataset, pick).num_rows
+        take: dict[str, Any] = {"dataset": dataset, "indices": draw(st.lists(st.integers(0, rows - 1), max_size=30))}
+        if pick is not None:
+            take["episodes"] = pick
+        columns = draw(st.permutations(RANDOM_COLUMNS[dataset]))
+        take["columns"] = columns[: draw(st.integers(1, len(columns)))]
+        takes.append(take)
+    return takes
+
+
+@pytest.mark.parametrize("lane", ["on", "off"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_takes_equal_the_same_takes_alone_and_the_oracle(
+    root: Path, servers: dict[str, ServerProcess], lane: str, data: st.DataObject
+) -> None:
+    takes = data.draw(random_takes(root), label="takes")
+    with http_of(servers[lane]) as http:
+        assert_takes_answer(root, http, takes, http.post(TAKES, json={"takes": takes}))
+
+
 # --- the route and the fast lane ------------------------------------------------------------------------------
 
 
@@ -316,6 +355,7 @@ def named(number: int, dataset: str) -> str:
     ("takes", "status", "phrases"),
     [
         ([GOOD, {"dataset": "robots/nope", "indices": [0]}], 404, [named(1, "robots/nope"), "nope"]),
+        ([{"dataset": "../generic", "indices": [0]}], 422, [named(0, "../generic"), "segments"]),
         ([GOOD, {"dataset": ROBOT_A, "indices": [0, 10**6]}], 422, [named(1, ROBOT_A), "out of range"]),
         ([GOOD, GOOD, {"dataset": ROBOT_B, "indices": [0], "columns": ["nope"]}], 422, [named(2, ROBOT_B), "nope"]),
         ([{"dataset": ROBOT_A, "indices": [0], "episodes": "999"}, GOOD], 404, [named(0, ROBOT_A), "999"]),
@@ -393,6 +433,31 @@ def test_requests_the_endpoint_refuses_are_4xx_problems(servers: dict[str, Serve
             assert_problem(http.get(TAKES), 405)
 
 
+def test_bodies_in_many_chunks_or_over_the_limit_reach_the_lane_or_the_route_intact(
+    servers: dict[str, ServerProcess],
+) -> None:
+    body = json.dumps({"takes": [GOOD, {"dataset": ROBOT_A, "indices": list(range(0, 200, 7))}]}).encode()
+    json_type = {"Content-Type": "application/json"}
+
+    def pieces(data: bytes, size: int) -> Iterator[bytes]:
+        yield from (data[start : start + size] for start in range(0, len(data), size))
+
+    for lane in ("on", "off"):
+        with http_of(servers[lane]) as http:
+            expected = http.post(TAKES, content=body, headers=json_type)
+            assert expected.status_code == 200, expected.text
+            for size in (1, 7, 100):
+                answer = http.post(TAKES, content=pieces(body, size), headers=json_type)
+                assert answer.status_code == 200, answer.text
+                assert answer.content == expected.content
+            spec = ",".join(["0"] * (BODY_LIMIT // 2))
+            oversize = json.dumps({"takes": [GOOD | {"episodes": spec}]}).encode()
+            declared = http.post(TAKES, content=oversize, headers=json_type)
+            assert_problem(declared, 413, f"the limit is {BODY_LIMIT} bytes")
+            streamed = http.post(TAKES, content=pieces(oversize, 16384), headers=json_type)
+            assert_problem(streamed, 413, f"larger than the limit of {BODY_LIMIT} bytes")
+
+
 # --- a problem once the status is out -------------------------------------------------------------------------
 
 
@@ -463,6 +528,7 @@ def test_read_takes_equals_a_read_take_of_each_in_one_request(root: Path, server
         alone = [client.read_take(selection, indices) for selection, indices in takes]
         requests, singles = requests_of(http, TAKES_ENDPOINT), requests_of(http, TAKE_ENDPOINT)
         together = client.read_takes(takes)
+        assert client.read_takes([]) == []
         assert requests_of(http, TAKES_ENDPOINT) == requests + 1
         assert requests_of(http, TAKE_ENDPOINT) == singles
     assert len(together) == len(takes)
