@@ -122,10 +122,11 @@ def view(root: Path, dataset: str, episodes: Any) -> pa.Table:
     return oracle(root / dataset, episodes)
 
 
-def mixed_takes(root: Path, *, resized: bool = True) -> list[dict[str, Any]]:
+def mixed_takes(root: Path, *, quick_only: bool = False) -> list[dict[str, Any]]:
     """Takes of all three datasets: duplicates, unsorted indices, an empty take, episode picks, columns in odd
-    order, windows (one off the frame grid within its tolerance), compression and, if `resized`, a camera at a
-    smaller `frame_size` (decoded on demand: never quick)."""
+    order and all stored ones, windows (one off the frame grid within its tolerance, one beside a camera), compression;
+    unless `quick_only`, also takes the fast lane never answers: a camera at a smaller `frame_size`, and a window
+    of camera frames."""
     rng = np.random.default_rng(9)
     a_view = view(root, ROBOT_A, [4, 1]).num_rows
     b_view = view(root, ROBOT_B, None).num_rows
@@ -156,11 +157,28 @@ def mixed_takes(root: Path, *, resized: bool = True) -> list[dict[str, Any]]:
             "compression": "zstd",
         },
         {"dataset": GENERIC, "episodes": "11,3", "indices": [3, 0, 1, 3]},  # every column
+        {
+            "dataset": ROBOT_A,
+            "episodes": "5,2",
+            "indices": [2, 0, 2, view(root, ROBOT_A, [2, 5]).num_rows - 1],
+            "columns": ["action", TOP, "frame_index", "episode_index"],
+            "delta_timestamps": {"action": [-1 / 30, 0]},  # windows beside a camera's plain frames
+        },
+        {"dataset": ROBOT_B, "episodes": "4", "indices": [1, 0]},  # every stored column of a dataset with a camera
     ]
-    if resized:
+    if not quick_only:
         indices = [b_view - 1, *rng.integers(0, b_view, 8).tolist(), 3]
         takes.append(
             {"dataset": ROBOT_B, "indices": indices, "columns": [HIGH, "episode_index"], "frame_size": [32, 48]}
+        )
+        takes.append(
+            {
+                "dataset": ROBOT_A,
+                "episodes": [3],
+                "indices": [0, 5, 1],
+                "columns": ["frame_index", TOP, "episode_index"],
+                "delta_timestamps": {TOP: [-2 / 30, 0, 1 / 30]},
+            }
         )
     return takes
 
@@ -172,30 +190,54 @@ def alone(take: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def assert_take_equals_oracle(root: Path, take: dict[str, Any], table: pa.Table) -> None:
     """`table` holds the rows the oracles give for `take`: values from the parquet files, windows by LeRobot's
-    rules, camera frames decoded by PyAV (area-resized to `frame_size`)."""
-    dataset = take["dataset"]
+    rules, camera frames decoded by PyAV (area-resized to `frame_size`), windows of frames clamped to the episode."""
+    dataset, indices = take["dataset"], take["indices"]
     picked = view(root, dataset, take.get("episodes"))
-    indices = take["indices"]
-    columns = take.get("columns")
-    windows = take.get("delta_timestamps")
-    cameras = CAMERAS.get(dataset, {})
-    if windows:
-        assert table.column_names == [*columns, *(f"{name}_is_pad" for name in windows)]
-        deltas = {name: [round(d * FPS[dataset]) / FPS[dataset] for d in offsets] for name, offsets in windows.items()}
-        assert_windows_match(table, picked.select(columns), indices, deltas, FPS[dataset])
-        return
     rows = picked.take(pa.array(indices, pa.int64()))
-    plain = [name for name in (columns or picked.column_names) if name not in cameras]
-    assert table.column_names == (columns or picked.column_names)
-    assert_tables_equal(table.select(plain), rows.select(plain))
-    for camera in [name for name in columns or [] if name in cameras]:
-        size = tuple(take["frame_size"]) if "frame_size" in take else cameras[camera]
-        assert table.schema.field(camera).type == pa.fixed_shape_tensor(pa.uint8(), [*size, 3])
+    windows = take.get("delta_timestamps") or {}
+    cameras, fps = CAMERAS.get(dataset, {}), FPS[dataset]
+    if take.get("columns") is None:  # the stored columns (cameras come only when named)
+        assert table.column_names == picked.column_names
+    else:
+        assert table.column_names == [*take["columns"], *(f"{name}_is_pad" for name in windows)]
+    names = take.get("columns") or table.column_names
+    plain = [name for name in names if name not in cameras]
+    if windows:
+        on_grid = {name: [round(d * fps) / fps for d in offsets] for name, offsets in windows.items()}
+        plain_windows = {name: offsets for name, offsets in on_grid.items() if name not in cameras}
+        assert_windows_match(table, picked.select(plain), indices, plain_windows, fps)
+    else:
+        assert_tables_equal(table.select(plain), rows.select(plain))
+    size = tuple(take["frame_size"]) if "frame_size" in take else None
+    for camera in [name for name in names if name in cameras]:
+        offsets = windows.get(camera)
+        shape = [*(size or cameras[camera]), 3] if offsets is None else [len(offsets), *(size or cameras[camera]), 3]
+        assert table.schema.field(camera).type == pa.fixed_shape_tensor(pa.uint8(), shape)
         if not indices:
             continue
-        keys = zip(rows["episode_index"].to_pylist(), rows["frame_index"].to_pylist(), strict=True)
-        want = frames_for_rows(root / dataset, camera, keys, size=None if "frame_size" not in take else size)
+        keys, pads = frame_keys(root / dataset, rows, offsets, fps)
+        want = frames_for_rows(root / dataset, camera, keys, size=size).reshape(len(indices), *shape)
         assert np.array_equal(table[camera].combine_chunks().to_numpy_ndarray(), want), camera
+        if offsets is not None:
+            assert table[f"{camera}_is_pad"].to_pylist() == pads
+
+
+def frame_keys(
+    dataset: Path, rows: pa.Table, offsets: list[float] | None, fps: int
+) -> tuple[list[tuple[int, int]], list[list[bool]]]:
+    """(episode, frame) of each row's frame, or of each frame of its window (the frame `round(offset * fps)` away,
+    clamped to the episode), row after row; and the windows' padding flags."""
+    lengths = oracle(dataset, None).group_by("episode_index").aggregate([("frame_index", "count")])
+    length = dict(zip(lengths["episode_index"].to_pylist(), lengths["frame_index_count"].to_pylist(), strict=True))
+    keys, pads = [], []
+    for episode, frame in zip(rows["episode_index"].to_pylist(), rows["frame_index"].to_pylist(), strict=True):
+        if offsets is None:
+            keys.append((episode, frame))
+            continue
+        targets = [frame + round(d * fps) for d in offsets]
+        keys += [(episode, min(max(t, 0), length[episode] - 1)) for t in targets]
+        pads.append([not 0 <= t < length[episode] for t in targets])
+    return keys, pads
 
 
 def assert_takes_answer(root: Path, http: httpx.Client, takes: list[dict[str, Any]], response: httpx.Response) -> None:
@@ -317,7 +359,7 @@ def test_random_takes_equal_the_same_takes_alone_and_the_oracle(
 def test_a_cold_request_comes_chunked_from_the_route_and_a_warm_one_with_its_length_from_the_lane(
     root: Path, tmp_path: Path
 ) -> None:
-    takes = mixed_takes(root, resized=False)
+    takes = mixed_takes(root, quick_only=True)
     with ServerProcess([root], tmp_path / "cache", env=ENV) as server, http_of(server) as http:
         cold = http.post(TAKES, json={"takes": takes})  # nothing is built yet: the route answers
         assert "content-length" not in cold.headers and cold.headers["transfer-encoding"] == "chunked"
