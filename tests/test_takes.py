@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,31 @@ def test_random_takes_equal_the_same_takes_alone_and_the_oracle(
         assert_takes_answer(root, http, takes, http.post(TAKES, json={"takes": takes}))
 
 
+def test_concurrent_requests_each_get_their_own_takes(root: Path, servers: dict[str, ServerProcess]) -> None:
+    rng = np.random.default_rng(15)
+    bodies = []
+    for n in range(12):
+        dataset = [GENERIC, ROBOT_A, ROBOT_B][n % 3]
+        rows = view(root, dataset, None).num_rows
+        indices = rng.integers(0, rows, int(rng.integers(1, 60))).tolist()
+        columns = RANDOM_COLUMNS[dataset][: 1 + n % 3]
+        bodies.append(
+            {"takes": [{"dataset": dataset, "indices": indices, "columns": columns}, GOOD | {"indices": [n]}]}
+        )
+    for lane in ("on", "off"):
+        with http_of(servers[lane]) as http:
+            expected = [http.post(TAKES, json=body).content for body in bodies]
+
+            def ask(number: int, http: httpx.Client = http) -> bytes:
+                response = http.post(TAKES, json=bodies[number % len(bodies)])
+                assert response.status_code == 200, response.text
+                return response.content
+
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(ask, range(4 * len(bodies))))
+        assert answers == expected * 4
+
+
 # --- the route and the fast lane ------------------------------------------------------------------------------
 
 
@@ -593,7 +619,10 @@ def test_read_takes_with_the_cache_dir_reads_the_frames_from_the_servers_segment
     server = servers["on"]  # first touch builds each video's decoded-frame segment in the background
     rows = view(root, ROBOT_A, None).num_rows
     takes = [
-        (episerve.Selection.of(ROBOT_A, None, [TOP, "index"]), np.random.default_rng(14).integers(0, rows, 40)),
+        (
+            episerve.Selection.of(ROBOT_A, None, [TOP, "index"]),
+            [5, *np.random.default_rng(14).integers(0, rows, 38), 5],
+        ),
         (episerve.Selection.of(GENERIC, None, ["value"]), [2, 1]),
     ]
     frame_bytes = 40 * 48 * 64 * 3
