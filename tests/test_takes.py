@@ -45,9 +45,10 @@ from tests.test_windows import assert_windows_match
 from tests.video_oracle import frames_for_rows
 
 GENERIC, ROBOT_A, ROBOT_B, SHIFTED = "generic", "robots/a", "robots/b", "robots/shifted"
+BIG = "robots/big"  # frames of 90 KiB: sent straight from a mapped decoded-frame segment, never copied
 TOP, HIGH = "observation.images.top", "observation.images.cam_high"
-FPS = {ROBOT_A: 30, ROBOT_B: 15, GENERIC: 10}
-CAMERAS = {ROBOT_A: {TOP: (48, 64)}, ROBOT_B: {HIGH: (64, 96)}}
+FPS = {ROBOT_A: 30, ROBOT_B: 15, GENERIC: 10, BIG: 30}
+CAMERAS = {ROBOT_A: {TOP: (48, 64)}, ROBOT_B: {HIGH: (64, 96)}, BIG: {TOP: (160, 192)}}
 SHIFTED_EPISODE = 2  # its frames lie 10 ms off the times its rows ask for
 TOKEN = "alpha"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -63,14 +64,15 @@ TAKE_ENDPOINT = "/datasets/{dataset_id:path}/rows/take"
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A generic parquet dataset and two LeRobot robots whose cameras differ in name, size, format and fps; and a
-    copy of robot A whose episode 2 has its frames off the times its rows ask for."""
+    """A generic parquet dataset and three LeRobot robots whose cameras differ in name, size, format and fps; and
+    a copy of robot A whose episode 2 has its frames off the times its rows ask for."""
     path = tmp_path_factory.mktemp("takes-root")
     write_generic_dataset(path / GENERIC)
     write_demo_dataset(path / ROBOT_A, episodes=6, seed=61, files=2, cameras=CAMERAS[ROBOT_A], video_files=2)
     write_demo_dataset(
         path / ROBOT_B, format="v2.1", episodes=5, seed=62, joints=9, fps=FPS[ROBOT_B], cameras=CAMERAS[ROBOT_B]
     )
+    write_demo_dataset(path / BIG, format="v2.1", episodes=2, seed=63, cameras=CAMERAS[BIG])
     shutil.copytree(path / ROBOT_A, path / SHIFTED)
     (meta,) = sorted((path / SHIFTED / "meta/episodes").rglob("*.parquet"))
     table = pq.read_table(meta)
@@ -385,7 +387,8 @@ def test_concurrent_requests_each_get_their_own_takes(root: Path, servers: dict[
 def test_a_cold_request_comes_chunked_from_the_route_and_a_warm_one_with_its_length_from_the_lane(
     root: Path, tmp_path: Path
 ) -> None:
-    takes = mixed_takes(root, quick_only=True)
+    big = [{"dataset": BIG, "indices": [7, 0, 7, 30], "columns": [TOP, "index", "episode_index", "frame_index"]}]
+    takes = [*mixed_takes(root, quick_only=True), *big]
     with ServerProcess([root], tmp_path / "cache", env=ENV) as server, http_of(server) as http:
         cold = http.post(TAKES, json={"takes": takes})  # nothing is built yet: the route answers
         assert "content-length" not in cold.headers and cold.headers["transfer-encoding"] == "chunked"
