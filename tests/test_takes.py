@@ -58,7 +58,7 @@ ENV = {"EPISERVE_TOKENS": TOKEN, "EPISERVE_MAX_TAKE_INDICES": str(LIMIT), "EPISE
 TAKES = "/takes"
 ARROW = "application/vnd.apache.arrow.stream"
 INLINE_TAKES = "episerve_inline_takes_total"
-TAKES_ENDPOINT = "/takes"
+TAKES_ENDPOINT = TAKES  # the route, as metrics label it
 TAKE_ENDPOINT = "/datasets/{dataset_id:path}/rows/take"
 
 
@@ -527,6 +527,58 @@ def test_bodies_in_many_chunks_or_over_the_limit_reach_the_lane_or_the_route_int
             assert_problem(declared, 413, f"the limit is {BODY_LIMIT} bytes")
             streamed = http.post(TAKES, content=pieces(oversize, 16384), headers=json_type)
             assert_problem(streamed, 413, f"larger than the limit of {BODY_LIMIT} bytes")
+
+
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+LOOSE = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner))
+
+
+@st.composite
+def loose_takes(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Takes whose fields hold plausible values or anything at all: the body a fuzzer or a confused client sends."""
+    columns = ["value", "index", "action", TOP, HIGH, "episode_index", "nope"]
+    plausible = {
+        "dataset": st.sampled_from([GENERIC, ROBOT_A, ROBOT_B, BIG, "robots", "nope", ""]),
+        "indices": st.lists(st.integers(-2, 400) | st.sampled_from([2**62, 2**63]), max_size=8),
+        "episodes": st.sampled_from(["0", "1-2", "5,0", "2-1", "99", "", "x"]) | st.lists(st.integers(-1, 9)),
+        "columns": st.lists(st.sampled_from(columns), max_size=4),
+        "delta_timestamps": st.dictionaries(st.sampled_from(columns), st.lists(st.floats(-1, 1), max_size=3)),
+        "tolerance_s": st.floats(-1, 1e7),
+        "frame_size": st.lists(st.integers(-1, 300), min_size=2, max_size=2)
+        | st.dictionaries(st.sampled_from([TOP, HIGH]), st.tuples(st.integers(0, 70), st.integers(0, 70))),
+        "frames": st.sampled_from(["pixels", "references", "urls"]),
+        "compression": st.sampled_from(["none", "lz4", "zstd", "gzip"]),
+    }
+    takes = []
+    for _ in range(draw(st.integers(1, 3))):
+        take = {"dataset": draw(plausible["dataset"]), "indices": draw(plausible["indices"])}
+        for name in draw(st.lists(st.sampled_from(sorted(plausible)), max_size=4, unique=True)):
+            take[name] = draw(plausible[name] | LOOSE) if draw(st.booleans()) else draw(plausible[name])
+        takes.append(take)
+    return takes
+
+
+@pytest.mark.parametrize("lane", ["on", "off"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(takes=loose_takes())
+def test_no_body_is_a_5xx_and_every_refusal_is_a_problem(
+    servers: dict[str, ServerProcess], lane: str, takes: list[dict[str, Any]]
+) -> None:
+    with http_of(servers[lane]) as http:
+        response = http.post(TAKES, json={"takes": takes})
+        assert response.status_code < 500, response.text
+        if response.status_code == 200:
+            streams(response.content, len(takes))
+            assert int(response.headers["x-row-count"]) == sum(len(take["indices"]) for take in takes)
+        else:
+            body = assert_problem(response, response.status_code)
+            assert 400 <= body["status"] < 500
 
 
 # --- a problem once the status is out -------------------------------------------------------------------------
