@@ -881,6 +881,25 @@ def test_each_batch_of_a_mixture_through_a_dataloader_is_one_takes_request(
             np.testing.assert_array_equal(np.asarray(batch[TOP])[mine], frames.transpose(0, 3, 1, 2))
 
 
+def test_each_batch_of_a_streamed_mixture_through_a_dataloader_is_one_takes_request(
+    root: Path, servers: dict[str, ServerProcess]
+) -> None:
+    server = servers["on"]
+    dataset = episerve.MixtureIterableDataset(
+        server.url, MIXTURE, ["index"], batch_size=8, epoch_size=48, output="numpy", token=TOKEN, seed=5
+    )
+    with http_of(server) as http:
+        requests, singles = requests_of(http, TAKES_ENDPOINT), requests_of(http, TAKE_ENDPOINT)
+        got = list(DataLoader(dataset, batch_size=None, num_workers=2))
+        assert requests_of(http, TAKES_ENDPOINT) == requests + 6
+        assert requests_of(http, TAKE_ENDPOINT) == singles
+    components, rows = dataset.source.plan.locate(0, np.arange(48))
+    views = [oracle(root / component.dataset, None)["index"].to_numpy() for component in MIXTURE.components]
+    expected = sorted((int(k), int(views[k][r])) for k, r in zip(components, rows, strict=True))
+    delivered = [(int(k), int(i)) for batch in got for k, i in zip(batch["dataset_index"], batch["index"], strict=True)]
+    assert len(got) == 6 and sorted(delivered) == expected
+
+
 # --- the access log -------------------------------------------------------------------------------------------
 
 
