@@ -40,7 +40,7 @@ from tests.support import (
     write_generic_dataset,
 )
 from tests.test_errors import assert_problem
-from tests.test_operations import metric
+from tests.test_operations import metric, run_cli
 from tests.test_windows import assert_windows_match
 from tests.video_oracle import frames_for_rows
 
@@ -624,6 +624,46 @@ def test_a_problem_in_the_first_take_is_still_an_error_status(root: Path, server
     takes = [{"dataset": SHIFTED, "indices": [bad], "columns": [TOP]}, GOOD]
     with http_of(servers["off"]) as http:
         assert_problem(http.post(TAKES, json={"takes": takes}), 422, named(0, SHIFTED), f"no frame of '{TOP}'")
+
+
+@pytest.mark.parametrize("lane", ["on", "off"])
+def test_a_client_gone_mid_body_leaves_nothing_held(root: Path, servers: dict[str, ServerProcess], lane: str) -> None:
+    frames = {"dataset": BIG, "episodes": [0], "columns": [TOP, "index"]}  # one video file (see the xfail below)
+    takes = [GOOD, frames | {"indices": list(range(0, 80))}, frames | {"indices": list(range(80, 0, -1))}, GOOD]
+    with http_of(servers[lane]) as http:
+        whole = http.post(TAKES, json={"takes": takes})
+        assert whole.status_code == 200 and len(whole.content) > 2 * 80 * 160 * 192 * 3
+        for _ in range(5):
+            with (
+                httpx.Client(base_url=http.base_url, headers=AUTH, timeout=60) as leaving,
+                leaving.stream("POST", TAKES, json={"takes": takes}) as answer,
+            ):
+                assert answer.status_code == 200
+                next(answer.iter_raw(65536))
+        eventually(lambda: metric(http.get("/metrics").text, "episerve_inflight_bytes") == 0, 30)
+        again = http.post(TAKES, json={"takes": takes})
+        assert again.status_code == 200 and again.content == whole.content
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="app/reads/pending_copies.py PendingCopies.pieces returns at the first target covering a buffer, but "
+    "ViewRead._frames (app/reads/view_read.py) adds one target per video file for the same frames array: the rows "
+    "of every later file are sent unfilled (np.empty memory) when frames of >= 64 KiB come from decoded-frame "
+    "segments of several files",
+)
+def test_large_frames_from_the_segments_of_several_video_files_are_each_rows_own(root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    warmed = run_cli("warm", BIG, "--videos", "--root", str(root), "--cache-dir", str(cache))
+    assert warmed.returncode == 0, warmed.stderr
+    take = {"dataset": BIG, "indices": [0, 100, 5, 90, 83, 84], "columns": [TOP, "episode_index", "frame_index"]}
+    env = ENV | {"EPISERVE_VIDEO_CACHE_POLICY": "warmed"}  # every frame from the segments `warm` built
+    with ServerProcess([root], cache, env=env) as server, http_of(server) as http:
+        path, body = alone(take)
+        together, single = http.post(TAKES, json={"takes": [take, GOOD]}), http.post(path, json=body)
+    assert together.status_code == single.status_code == 200
+    for stream in (streams(together.content, 2)[0], single.content):
+        assert_take_equals_oracle(root, take, read_stream(stream))
 
 
 # --- the client -----------------------------------------------------------------------------------------------
