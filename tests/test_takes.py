@@ -388,6 +388,7 @@ def test_concurrent_requests_each_get_their_own_takes(root: Path, servers: dict[
 def test_a_cold_request_comes_chunked_from_the_route_and_a_warm_one_with_its_length_from_the_lane(
     root: Path, tmp_path: Path
 ) -> None:
+    # frames sent straight from the map, of one video file (episode 0; several files: see the xfail further down)
     big = [{"dataset": BIG, "indices": [7, 0, 7, 30], "columns": [TOP, "index", "episode_index", "frame_index"]}]
     takes = [*mixed_takes(root, quick_only=True), *big]
     with ServerProcess([root], tmp_path / "cache", env=ENV) as server, http_of(server) as http:
