@@ -667,6 +667,21 @@ def test_large_frames_from_the_segments_of_several_video_files_are_each_rows_own
         assert_take_equals_oracle(root, take, read_stream(stream))
 
 
+def test_each_take_finds_its_frames_within_its_own_tolerance(root: Path, servers: dict[str, ServerProcess]) -> None:
+    good, bad = shifted_rows(root)
+    lenient = {"dataset": SHIFTED, "indices": [bad, good[0], bad], "columns": [TOP], "tolerance_s": 0.02}
+    strict = {"dataset": SHIFTED, "indices": [bad], "columns": [TOP]}
+    with http_of(servers["off"]) as http:
+        answer = http.post(TAKES, json={"takes": [lenient, GOOD]})
+        assert answer.status_code == 200, answer.text
+        assert_problem(http.post(TAKES, json={"takes": [strict, lenient]}), 422, named(0, SHIFTED), "tolerance_s")
+    rows = oracle(root / SHIFTED, None).take(pa.array(lenient["indices"]))
+    keys = zip(rows["episode_index"].to_pylist(), rows["frame_index"].to_pylist(), strict=True)
+    want = frames_for_rows(root / SHIFTED, TOP, keys, tolerance_s=0.02)
+    got = read_stream(streams(answer.content, 2)[0])[TOP].combine_chunks().to_numpy_ndarray()
+    assert np.array_equal(got, want)
+
+
 # --- the client -----------------------------------------------------------------------------------------------
 
 
