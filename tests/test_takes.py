@@ -956,6 +956,47 @@ def test_each_batch_of_a_streamed_mixture_through_a_dataloader_is_one_takes_requ
     assert len(got) == 6 and sorted(delivered) == expected
 
 
+# --- the API description -------------------------------------------------------------------------------------
+
+
+def json_refs(node: Any) -> Iterator[str]:
+    """Every `$ref` in a JSON document."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from json_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from json_refs(value)
+
+
+def resolves(document: dict[str, Any], ref: str) -> bool:
+    node: Any = document
+    for part in ref.removeprefix("#/").split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="app/api/rows.py take_many documents its body with json_body_schema(TakesRequest) "
+    "(app/api/json_body.py), pydantic's schema with its own `$defs`: the OpenAPI document then holds "
+    "`#/$defs/DatasetTake`, which does not resolve from the document's root, and /redoc renders nothing "
+    "(tests/test_viewer.py::test_api_docs_work_under_a_path_prefix[redoc] fails since this route)",
+)
+def test_every_reference_in_the_api_description_resolves(servers: dict[str, ServerProcess]) -> None:
+    with http_of(servers["on"]) as http:
+        document = http.get("/openapi.json").json()
+    assert "/takes" in document["paths"]
+    refs = set(json_refs(document))
+    assert "#/components/schemas/Problem" in refs
+    assert [ref for ref in sorted(refs) if not resolves(document, ref)] == []
+
+
 # --- the access log -------------------------------------------------------------------------------------------
 
 
