@@ -135,8 +135,9 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
         steps = self._steps()
         if info is None:
             self._delivered = 0
-        spans = [steps.span(step, self.rank) for step in range(worker, steps.num_steps, workers)]
-        spans = [(low, high) for low, high in spans if low < high]  # a last step may leave this rank no part
+        # Lazily: an epoch may hold billions of positions, and a resumed one starts anywhere in it.
+        spans = (steps.span(step, self.rank) for step in range(worker, steps.num_steps, workers))
+        mine = ((low, high) for low, high in spans if low < high)  # a last step may leave this rank no part
         per_read, epoch, source = self.batches_per_read, self.epoch, self.source
         # A batch cut from a chunk takes the chunk's shared memory along: worth it up to two batches a chunk.
         empty = None if per_read <= 2 else np.empty
@@ -152,7 +153,7 @@ class MixtureIterableDataset(_Base):  # type: ignore[misc]
                 for a, b in itertools.pairwise(bounds)
             ]
 
-        chunks = [spans[i : i + per_read] for i in range(0, len(spans), per_read)]
+        chunks = iter(lambda: list(itertools.islice(mine, per_read)), [])
         for batches in prefetched(load, chunks, self.prefetch):
             for batch in batches:
                 if info is None:

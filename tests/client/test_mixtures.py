@@ -453,6 +453,22 @@ def test_streamed_batches_are_the_map_style_samples_however_many_a_request_reads
                 np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 8])
+def test_a_stream_deep_into_an_epoch_of_a_trillion_positions_starts_at_once(
+    mixture_url: str, chunk_rows: int | None
+) -> None:
+    """Nothing per step of the epoch is made before the first batch (listing 10^11 steps would never end)."""
+    dataset = MixtureIterableDataset(
+        mixture_url, CROSS, CHEAP, batch_size=4, epoch_size=10**12, rank=1, world_size=3, chunk_rows=chunk_rows
+    )
+    state = {"mixture": dataset.version, "seed": 0, "epoch": 0, "position": 5 * 10**11 + 7}
+    dataset.load_state_dict(state)
+    first = next(iter(dataset))
+    low, high = dataset._steps().span(0, 1)
+    assert (low, high) == (5 * 10**11 + 11, 5 * 10**11 + 15)  # this rank's part of the first global step
+    assert pairs(first) == expected_pairs(dataset, mixture_url, 0, np.arange(low, high))
+
+
 def _part(low: int, high: int, rank: int, world: int) -> tuple[int, int]:
     size = high - low
     return low + rank * size // world, low + (rank + 1) * size // world
