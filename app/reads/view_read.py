@@ -267,6 +267,7 @@ class ViewRead:
         frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
         deferred = self.pending if len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
         found = np.empty(len(located.episodes))
+        file_of_position = times_of.file_of_row[order]
         for file, path in enumerate(times_of.paths):
             here = times_of.rows_in(file)
             times, back = np.unique(times_of.wanted[here], return_inverse=True)
@@ -275,7 +276,7 @@ class ViewRead:
             else:
                 picture_of_row = np.full(len(located.episodes), -1)
                 picture_of_row[here] = back
-                positions = np.flatnonzero(np.isin(order, here))
+                positions = np.flatnonzero(file_of_position == file)
                 picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
             segment = self.frame_segment(path, feature)
             if segment is None:
