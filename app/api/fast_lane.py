@@ -186,10 +186,8 @@ class FastLane:
             quick = takes.quick()
         except (ProblemError, WouldBlock):
             return None
-        if not quick:
-            return None
-        hold = self.state.inflight.try_hold(self.state.settings.inline_read_bytes + SEND_BYTES)
-        if hold is None:  # the in-flight budget is spent: the route waits its turn
+        hold = self.state.inflight.try_hold(self.state.settings.inline_read_bytes + SEND_BYTES) if quick else None
+        if hold is None:  # not quick, or the in-flight budget is spent: the route answers, with the reads decided
             scope[PREPARED_READ] = takes
             return None
         try:
