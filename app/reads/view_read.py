@@ -11,7 +11,7 @@ to wait, it raises `WouldBlock` before doing so.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -212,15 +212,9 @@ class ViewRead:
         """The episode, timestamp and frame number of each distinct one of view `rows` (not empty)."""
         self.check_locatable()
         unique, inverse = np.unique(rows, return_inverse=True)
-        episode_column = self.dataset.episode_column
-        located = self.take_rows(unique, [episode_column, TIMESTAMP])
-        first, _ = self.view.episode_bounds(unique)
-        return LocatedRows(
-            located[episode_column].to_numpy(),
-            located[TIMESTAMP].to_numpy().astype(np.float64),
-            unique - first,
-            inverse,
-        )
+        located = self.locate_in(unique, self.take_rows(unique, [self.dataset.episode_column, TIMESTAMP]))
+        assert located is not None, "the locating columns were gathered"
+        return replace(located, order=inverse)
 
     def locating_columns(self, names: list[str] | None) -> list[str] | None:
         """`names` (stored columns; None: all), plus the columns that locate frames (`locate_in`) when the dataset

@@ -20,6 +20,9 @@ encoder_queue_maxsize, encoder_threads)` (LeRobot 0.4.4):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
 VIDEO_BACKENDS = ("pyav", "torchcodec", "video_reader")
 DEFAULT_REVISION = "v3.0"  # LeRobot 0.4.4's CODEBASE_VERSION, what it uses for revision=None
 
@@ -46,3 +49,14 @@ def delta_indices(delta_timestamps: dict[str, list[float]] | None, fps: float | 
     if delta_timestamps is None or not fps:
         return None
     return {key: [round(d * fps) for d in deltas] for key, deltas in delta_timestamps.items()}
+
+
+def windows_of(delta_timestamps: Mapping[str, Sequence[float]] | None) -> dict[str, list[float]] | None:
+    """`delta_timestamps` as LeRobot keeps them: a dict of float lists (None when there is none)."""
+    return {k: [float(d) for d in v] for k, v in delta_timestamps.items()} if delta_timestamps else None
+
+
+def in_feature_order(names: Iterable[str], features: Mapping[str, Any]) -> list[str]:
+    """`names` in LeRobot's item order: info.json's feature order (not the files'), names it lacks last."""
+    order = {name: n for n, name in enumerate(features)}
+    return sorted(names, key=lambda name: order.get(name, len(order)))

@@ -22,7 +22,7 @@ from episerve._extras import require_images
 from episerve._output_lerobot import LeRobotFormatter
 from episerve._outputs import formatter
 from episerve._retry import Retries
-from episerve.lerobot._arguments import check_video_backend, delta_indices
+from episerve.lerobot._arguments import check_video_backend, delta_indices, in_feature_order, windows_of
 from episerve.lerobot._metadata import RemoteLeRobotDatasetMetadata
 from episerve.lerobot._mixture_repo import is_mixture_repo
 
@@ -86,14 +86,10 @@ class RemoteLeRobotDataset(EpisodeDataset):
         self.revision = self.meta.revision
         self.episodes = list(episodes) if episodes is not None and not isinstance(episodes, str) else episodes
         self.tolerance_s = tolerance_s
-        self.delta_timestamps = (
-            {k: [float(d) for d in v] for k, v in delta_timestamps.items()} if delta_timestamps else None
-        )
+        self.delta_timestamps = windows_of(delta_timestamps)
         self.delta_indices = delta_indices(self.delta_timestamps, self.meta.fps)
-        self._stored = [name for name in self.meta.columns if name not in self.meta.video_keys]
-        if self.meta.features:  # LeRobot's item order: info.json's feature order, not the file's
-            order = {name: n for n, name in enumerate(self.meta.features)}
-            self._stored.sort(key=lambda name: order.get(name, len(order)))
+        stored = [name for name in self.meta.columns if name not in self.meta.video_keys]
+        self._stored = in_feature_order(stored, self.meta.features)
         if self.meta.image_keys:
             require_images()
         super().__init__(

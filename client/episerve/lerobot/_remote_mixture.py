@@ -29,7 +29,7 @@ from episerve._mixture import Mixture
 from episerve._mixture_dataset import MixtureSource
 from episerve._plan import MixturePlan
 from episerve._retry import Retries
-from episerve.lerobot._arguments import check_video_backend, delta_indices
+from episerve.lerobot._arguments import check_video_backend, delta_indices, in_feature_order, windows_of
 from episerve.lerobot._mixture_metadata import RemoteLeRobotMixtureMetadata
 from episerve.lerobot._mixture_output import LeRobotMixtureFormatter
 from episerve.lerobot._mixture_repo import lerobot_mixture
@@ -90,15 +90,11 @@ class RemoteLeRobotMixture(_Base):  # type: ignore[misc]
         self.revision = self.meta.revision
         self.episodes = None  # LeRobot's samplers: every position (the components pick their own episodes)
         self.tolerance_s = tolerance_s
-        self.delta_timestamps = (
-            {k: [float(d) for d in v] for k, v in delta_timestamps.items()} if delta_timestamps else None
-        )
+        self.delta_timestamps = windows_of(delta_timestamps)
         self.delta_indices = delta_indices(self.delta_timestamps, self.meta.fps)
         self.disabled_features = self.meta.disabled_features
         self.epoch = 0
-        self._stored = list(self.meta.columns)
-        order = {name: n for n, name in enumerate(self.meta.features)}
-        self._stored.sort(key=lambda name: order.get(name, len(order)))
+        self._stored = in_feature_order(self.meta.columns, self.meta.features)
         if self.meta.image_keys:
             require_images()
         self.source = MixtureSource(
