@@ -1,6 +1,7 @@
 """Run every benchmark figure with its peers and print one Markdown table.
 
     python -m bench.run [--quick] [--workdir DIR] [--only P1,P2] [--output FILE] [--clean]
+    python -m bench.run --compare REF [--only P1,P2,P3,P9,P12] [--rounds 3] [--quick]   (the regression guard)
 
 Steps: generate (or reuse) the datasets in the work dir; convert them once for the peers (an Arrow IPC file for
 the mmap and Flight peers, the HF `datasets` cache); run the cold-cache figures (P6, P8, P4), each with its own
@@ -89,6 +90,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="directory holding the `app` package the server runs (default: this repository); for A/B runs of a "
         "changed server against the same client and peers",
     )
+    parser.add_argument(
+        "--compare",
+        metavar="REF",
+        help="the regression guard: run the figures (default P1,P2,P3,P9,P12) at commit REF and at the working tree, "
+        "interleaved, print both with their ratio and exit 1 where a figure lost more than its spread "
+        "(see bench/compare.py)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--compare: interleaved runs a side (default 3)")
+    parser.add_argument("--rows-json", type=Path, help=argparse.SUPPRESS)  # the rows as JSON, for --compare
     return parser.parse_args(argv)
 
 
@@ -160,6 +170,10 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     mode = "quick" if args.quick else "full"
+    if args.compare:
+        from bench.compare import compare
+
+        return compare(args.compare, args.only, args.rounds, args.quick, args.workdir.resolve() / mode, args.output)
     only = {f.strip().upper() for f in args.only.split(",")} if args.only else None
     if args.app_path is not None:
         os.environ[APP_PATH_VARIABLE] = str(args.app_path.resolve())
@@ -197,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text + "\n")
     print(f"# written to {output}", file=sys.stderr)
+    if args.rows_json is not None:
+        args.rows_json.write_text(json.dumps([asdict(row) for row in rows]))
     if args.clean:
         shutil.rmtree(ctx.workdir, ignore_errors=True)
     else:

@@ -50,6 +50,10 @@ KEY = "samples_per_s"
 ROUNDS = 7  # in full mode: a measurement is well under a second, so medians need more of them
 
 
+# The mixture ÷ one dataset targets: a map-style batch is one request whatever its datasets, so it is held higher.
+TARGETS = {"map-style": 0.95, "iterable": 0.9}
+
+
 def run(ctx: Context) -> list[Row]:
     episodes, samples = (150, 9600) if ctx.scale.mode == "full" else (15, 960)
     root = _datasets(ctx.workdir / f"p12-data-{episodes}", episodes)
@@ -73,8 +77,8 @@ def run(ctx: Context) -> list[Row]:
                 mixture,
                 "the same loader over robot-a alone",
                 alone,
-                "≥ 0.9x",
-                mixture >= 0.9 * alone,
+                f"≥ {TARGETS[style]}x",
+                mixture >= TARGETS[style] * alone,
                 note,
             )
         )
