@@ -32,7 +32,7 @@ $(STAMP): $(SERVE_STAMP) pyproject.toml client/pyproject.toml constraints.txt te
 		tests/lerobot_env/torchvision_cpu_shim.py
 	$(BIN)/pip install -q -c constraints.txt --no-deps torch 2>/dev/null \
 		|| $(BIN)/pip install -q -c constraints.txt --no-deps --extra-index-url $(TORCH_INDEX) torch
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev]" -e "./client[torch,images]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]" -e "./client[torch,images,jpeg]"
 	$(BIN)/pip install -q -c constraints.txt -r tests/lerobot_env/requirements.txt
 	$(BIN)/pip install -q --no-deps -c constraints.txt lerobot torchvision
 	$(BIN)/python tests/lerobot_env/install_shim.py

@@ -142,6 +142,14 @@ class Settings(BaseSettings):
         description="Serve camera frames downscaled (decoded-frame segments are stored at that size too): `HxW` for "
         "every dataset, `DATASET=HxW` for one, comma-separated (e.g. `224x224,pusht=96x96`). Unset: the files' size.",
     )
+    video_frame_tier: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="How decoded-frame segments keep camera frames: `raw` (exact pixels, the default) or "
+        "`jpeg[:Q[:S]]` (one JPEG per frame, quality Q 1-100, default 95, chroma subsampling S `420` (default), "
+        "`422` or `444`: "
+        "lossy, 4-6x the MP4s on camera-like content instead of 36-201x), for every dataset or `DATASET=TIER` for "
+        "one, comma-separated (e.g. `jpeg:95,pusht=raw`).",
+    )
     video_decoders: int = Field(
         4,
         ge=1,
@@ -208,6 +216,19 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return parse_frame_sizes(value)
         return value
+
+    @field_validator("video_frame_tier", mode="before")
+    @classmethod
+    def _parse_frame_tiers(cls, value: object) -> object:
+        if isinstance(value, str):
+            from app.sources.frame_tiers import parse_tiers
+
+            return {dataset_id: str(text) for dataset_id, text in parse_tiers(value).items()}
+        return value
+
+    def frame_tier(self, dataset_id: str) -> str:
+        """The frame tier of this dataset's cameras, as `app.sources.frame_tiers.parse_tier` reads it."""
+        return self.video_frame_tier.get(dataset_id, self.video_frame_tier.get("*", "raw"))
 
     def frame_size(self, dataset_id: str) -> tuple[int, int] | None:
         """(height, width) camera frames of this dataset are served at, if downscaled."""

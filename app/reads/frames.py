@@ -15,8 +15,9 @@ import pyarrow as pa
 from app.errors import DatasetError, InvalidInput
 from app.reads.episode_spec import EpisodeRanges, resolve_episodes
 from app.reads.segment_memo import remembered
+from app.sources.frame_tiers import FRAME, PTS, Pictures
 from app.sources.source import EpisodeClip, Source, VideoFeature
-from app.sources.video import FRAME, PTS, frame_schema, nearest_rows
+from app.sources.video import frame_schema, nearest_rows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
 from app.store.mapped_segments import Segment
@@ -176,15 +177,32 @@ def nearest_in_segment(segment: Segment, times: np.ndarray) -> tuple[np.ndarray,
     return rows, pts[rows]
 
 
-def _pixel_views(segment: Segment, feature: VideoFeature) -> list[np.ndarray]:
-    """Each batch's frames as an (n, H, W, C) uint8 view of the memory map."""
-    shape = (feature.height, feature.width, feature.channels)
-    views = []
-    for batch in segment.batches:
-        column = batch.column(batch.schema.get_field_index(FRAME))
-        values = column.values.to_numpy(zero_copy_only=True)[column.offset * column.type.list_size :]
-        views.append(values[: len(column) * column.type.list_size].reshape(len(column), *shape))
-    return views
+def _pixel_views(segment: Segment, feature: VideoFeature) -> list[Pictures]:
+    """Each batch's frames as pixels: (n, H, W, C) uint8 views of the memory map for raw frames, decoded when read
+    for encoded ones (the camera's tier says)."""
+    return [
+        feature.tier.pictures(batch.column(batch.schema.get_field_index(FRAME)), feature) for batch in segment.batches
+    ]
+
+
+def encoded_frames(segment: Segment, rows: np.ndarray) -> pa.Array | None:
+    """The frames of segment `rows` (any order) as the segment keeps them encoded, in that order; None for a
+    segment of raw frames."""
+    offsets = segment.batch_offsets
+    batches = np.searchsorted(offsets, rows, side="right") - 1
+    order = np.argsort(batches, kind="stable")
+    chunks = []
+    for batch in np.unique(batches).tolist():
+        column = segment.batches[batch].column(segment.batches[batch].schema.get_field_index(FRAME))
+        if not pa.types.is_binary(column.type):
+            return None
+        chunks.append(column.take(pa.array(rows[order][batches[order] == batch] - offsets[batch])))
+    if not chunks:
+        return pa.array([], pa.binary())
+    gathered = pa.concat_arrays(chunks)
+    back = np.empty(len(rows), dtype=np.int64)
+    back[order] = np.arange(len(rows))
+    return gathered.take(pa.array(back))
 
 
 def tensor_column(frames: np.ndarray, feature: VideoFeature) -> pa.ExtensionArray:

@@ -31,6 +31,12 @@ FRAME_SIZE_HELP = (
     "served `shape`), by the area averaging the decoded-frame cache uses; frames at a size other than the served "
     "one are decoded on demand."
 )
+FRAMES_HELP = (
+    "How camera columns come: `pixels` (uint8 (H, W, C) tensors, exact as the dataset's frame tier serves them) or "
+    "`encoded` (one JPEG per frame in a binary column whose field metadata gives `episerve.encoding`, `shape` and "
+    "`episerve.quality`, for the client to decode: the bytes as the JPEG tier keeps them, else encoded at quality "
+    "95). Cameras with `delta_timestamps` windows come as pixels only."
+)
 _FRAME_SIZES = TypeAdapter(dict[str, FrameSize])
 
 
@@ -53,6 +59,7 @@ class RowSelection(BaseModel):
     )
     compression: Compression = Field(None, description=COMPRESSION_HELP)
     frame_size: FrameSizes | None = Field(None, description=FRAME_SIZE_HELP)
+    frames: Literal["pixels", "encoded"] = Field("pixels", description=FRAMES_HELP)
 
     def episode_ranges(self, settings: Settings) -> EpisodeRanges | None:
         """The selected episodes as merged ranges (None: all), within the configured limits."""
@@ -73,11 +80,11 @@ class TakeRequest(RowSelection):
     indices: list[Annotated[StrictInt, Field(ge=0, le=MAX_ROW)]] = Field(
         description="View row positions; order is kept and duplicates are allowed."
     )
-    frames: Literal["pixels", "references"] = Field(
+    frames: Literal["pixels", "encoded", "references"] = Field(
         "pixels",
-        description="How camera columns come: as pixels, or (for a client that reads the server's cache directory "
-        "itself) as references to rows of its decoded-frame segments where every frame of the camera lies in one; "
-        "windowed cameras always come as pixels.",
+        description=FRAMES_HELP
+        + " `references` (for a client that reads the server's cache directory itself): references to rows of the "
+        "decoded-frame segments where every frame of the camera lies in one; windowed cameras come as pixels.",
     )
 
 

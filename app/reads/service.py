@@ -220,11 +220,20 @@ def _prepared(dataset: Dataset, index: EpisodeIndex, ranges: EpisodeRanges | Non
             max_offsets=dataset.limits.max_window_offsets,
         )
     references = isinstance(request, TakeRequest) and request.frames == "references"
+    encoded = request.frames == "encoded"
+    windowed_cameras = [key for key in (spec.offsets if spec is not None else ()) if key in dataset.info().videos]
+    if encoded and windowed_cameras:
+        raise InvalidInput(
+            f"frames=encoded applies to cameras without windows; {windowed_cameras} have delta_timestamps (ask for "
+            "them as pixels, or read their frames in a request of their own)"
+        )
     base = with_window_columns(names, spec)
     cameras = dataset.info().videos
     answered = [*(base or ()), *(spec.offsets if spec is not None else ())]
     resized = resized_cameras(cameras, [c for c in dict.fromkeys(answered) if c in cameras], request.frame_size)
-    options = ReadOptions(request.tolerance_s, defer_frames=True, reference_frames=references, resized=resized)
+    options = ReadOptions(
+        request.tolerance_s, defer_frames=True, reference_frames=references, encoded_frames=encoded, resized=resized
+    )
     return _Prepared(ViewRead(dataset, index, view, options), names, base, _stored_columns(dataset, base), spec)
 
 
@@ -264,7 +273,8 @@ class _SlicePlan(_Plan):
     def headers(self) -> dict[str, str]:
         request, read = self.of.request, self.read
         query = [format_ranges(self.of.ranges) if self.of.ranges else "*", self.lo, self.hi]
-        query += [request.columns, request.windows(), request.compression, request.frame_size]
+        query += [request.columns, request.windows(), request.compression, request.frame_size, request.frames]
+        query += [camera.tier for camera in read.cameras.values()]  # a tier switch changes the pixels
         return {
             "ETag": f'"{read.index.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
             "X-Total-Rows": str(len(read.view)),

@@ -24,6 +24,7 @@ from app.reads.frames import (
     LocatedRows,
     camera_windows,
     empty_frames,
+    encoded_frames,
     frame_times,
     gather_pictures,
     nearest_in_segment,
@@ -34,6 +35,7 @@ from app.reads.frames import (
 from app.reads.pending_copies import PendingCopies
 from app.reads.takes import gather_rows, project
 from app.reads.windows import DEFAULT_TOLERANCE_S, PAD_SUFFIX, WindowSpec, as_windows, pad_column, window_targets
+from app.sources.frame_tiers import wire_encoding
 from app.sources.source import VideoFeature
 from app.sources.video import check_tolerance, decode_nearest_side_by_side, frame_schema
 from app.store.cold_reads import ColdRows
@@ -55,6 +57,7 @@ class ReadOptions:
     tolerance_s: float = DEFAULT_TOLERANCE_S
     defer_frames: bool = False
     reference_frames: bool = False
+    encoded_frames: bool = False  # cameras without windows come as encoded images (`frames=encoded`)
     resized: Mapping[str, VideoFeature] = field(default_factory=dict)
 
 
@@ -121,6 +124,8 @@ class ViewRead:
             return True
         if self.dataset.limits.video_cache_policy == "on-demand" or set(rows.cameras) & set(self.options.resized):
             return False
+        if self.options.encoded_frames or any(self.cameras[key].tier.decodes for key in rows.cameras):
+            return False  # an encode or decode per frame: not on the event loop
         positions = rows.positions()
         episodes = self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1]
         source, copied = self.dataset.source(), 0
@@ -252,14 +257,16 @@ class ViewRead:
         located = located if located is not None else self.locate(rows)
         return {key: tensor_column(self._frames(self.cameras[key], located), self.cameras[key]) for key in keys}
 
-    def _frames(self, feature: VideoFeature, located: LocatedRows) -> np.ndarray:
+    def _frames(self, feature: VideoFeature, located: LocatedRows, defer: bool = True) -> np.ndarray:
         """The frames of `feature` for the `located` rows in request order, checked against the tolerance. Each
         frame is written once: copied from the decoded-frame segment's memory map (or left pending, to be sent from
         the map) or converted from the decoder straight into the result."""
         order = located.order
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
         frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
-        deferred = self.pending if len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
+        deferred = None
+        if defer and not feature.tier.decodes and len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES:
+            deferred = self.pending
         found = np.empty(len(located.episodes))
         file_of_position = times_of.file_of_row[order]
         for file, path in enumerate(times_of.paths):
@@ -282,6 +289,7 @@ class ViewRead:
                     self.dataset.decoders,
                 )
                 at = decode_nearest_side_by_side(frames, places, root, path, times, feature, decoders)
+                feature.tier.as_kept(frames, positions)
                 found[here] = at[back]
                 continue
             pictures, batch_of, row_in_batch, at = nearest_pictures(segment, times, feature)
@@ -300,7 +308,7 @@ class ViewRead:
         """The camera column of `feature` for the `located` rows as references into decoded-frame segments
         (field and column), checked against the tolerance like pixels are; None if some frame is not in a built
         segment, or the read asks for the camera at another size than the segments hold (send pixels)."""
-        if feature.key in self.options.resized:
+        if feature.key in self.options.resized or feature.tier.decodes:
             return None
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
         segments = []
@@ -328,6 +336,47 @@ class ViewRead:
         order = located.order
         return reference_column(feature, segments, segment_of[order], row_of[order], self.dataset.frames.cache_root)
 
+    def encoded_frame_column(self, feature: VideoFeature, located: LocatedRows) -> tuple[pa.Field, pa.Array]:
+        """The camera column of `feature` for the `located` rows as encoded images (`frames=encoded`), checked
+        against the tolerance like pixels are: the bytes as the encoded tier keeps them where its segments are
+        built, else the frames read as pixels and encoded here."""
+        wire = wire_encoding(feature.tier)
+        field_ = wire.field(feature.key, feature)
+        if feature.tier.decodes and feature.key not in self.options.resized:
+            kept = self._kept_encoded(feature, located)
+            if kept is not None:
+                return field_, kept
+        if not self.may_block:
+            raise WouldBlock("camera frames are encoded off the event loop")
+        pixels = self._frames(feature, located, defer=False)
+        return field_, pa.array([wire.encode(frame) for frame in pixels], pa.binary())
+
+    def _kept_encoded(self, feature: VideoFeature, located: LocatedRows) -> pa.Array | None:
+        """The encoded frames of the `located` rows from built segments of the encoded tier, in request order;
+        None if some frame is not in a built segment."""
+        times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
+        found = np.empty(len(located.episodes))
+        chunks: list[pa.Array] = []
+        row_of_distinct = np.empty(len(located.episodes), dtype=np.int64)
+        for number, path in enumerate(times_of.paths):
+            segment = self.frame_segment(path, feature)
+            if segment is None:
+                return None
+            here = times_of.rows_in(number)
+            times, back = np.unique(times_of.wanted[here], return_inverse=True)
+            rows, at = nearest_in_segment(segment, times)
+            kept = encoded_frames(segment, rows[back])
+            if kept is None:
+                return None
+            found[here] = at[back]
+            row_of_distinct[here] = sum(len(c) for c in chunks) + np.arange(len(here))
+            chunks.append(kept)
+        check_tolerance(
+            feature.key, located.episodes, located.frame_index, times_of.wanted, found, self.options.tolerance_s
+        )
+        gathered = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
+        return gathered.take(pa.array(row_of_distinct[located.order]))
+
     # -- completing the stored columns ---------------------------------------------------------------------------
 
     def complete(
@@ -345,6 +394,17 @@ class ViewRead:
         cameras = self.cameras
         windowed = spec.offsets if spec is not None else {}
         plain = [name for name in names or [] if name in cameras and name not in windowed]
+        if plain and self.options.encoded_frames:
+            located = located if located is not None or not len(rows) else self.locate(rows)
+            for key in plain:
+                if located is None:
+                    feature = cameras[key]
+                    table = table.append_column(
+                        wire_encoding(feature.tier).field(key, feature), pa.array([], pa.binary())
+                    )
+                else:
+                    table = table.append_column(*self.encoded_frame_column(cameras[key], located))
+            plain = []
         if plain and self._references_possible(rows):
             located = located if located is not None else self.locate(rows)
             for key in list(plain):

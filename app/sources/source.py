@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from app.errors import DatasetError
 from app.sources.files import DatasetPath
+from app.sources.frame_tiers import RAW, FrameTier
 
 
 class FileStat(Protocol):
@@ -106,6 +107,7 @@ class VideoFeature:
     fps: float | None
     file_height: int | None = None  # when served resized: the size of the frames in the files
     file_width: int | None = None
+    tier: FrameTier = RAW  # how its decoded-frame segments keep frames (`app.sources.frame_tiers`)
 
     @property
     def file_size(self) -> tuple[int, int]:
@@ -150,6 +152,7 @@ class VideoFeature:
                 "pix_fmt": self.pix_fmt,
                 "fps": self.fps,
             },
+            "frames": self.tier.describe(),
         }
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
 from app.errors import DatasetError, InvalidInput
@@ -206,15 +205,10 @@ def check_tolerance(
         )
 
 
-PTS, FRAME = "pts", "frame"
-
-
 def frame_schema(feature: VideoFeature) -> pa.Schema:
-    """A decoded-frame segment: each frame's presentation time and its raw RGB pixels (row-major (H, W, C))."""
-    shape = [feature.height, feature.width, feature.channels]
-    pixels = pa.list_(pa.uint8(), shape[0] * shape[1] * shape[2])
-    frame = pa.field(FRAME, pixels, metadata={"shape": orjson.dumps(shape)})
-    return pa.schema([pa.field(PTS, pa.float64()), frame])
+    """A decoded-frame segment: each frame's presentation time and the frame as the camera's tier keeps it (raw
+    RGB pixels, row-major (H, W, C), or one encoded image)."""
+    return feature.tier.schema(feature)
 
 
 def video_fingerprint(root: DatasetPath, rel: str, feature: VideoFeature) -> SourceFingerprint:
@@ -239,8 +233,7 @@ def iter_frames(root: DatasetPath, rel: str, feature: VideoFeature, batch_bytes:
     import av
 
     schema = frame_schema(feature)
-    pixels = schema.field(FRAME).type.list_size
-    per_batch = max(1, batch_bytes // pixels)
+    per_batch = max(1, batch_bytes // (feature.height * feature.width * feature.channels))
     rgb = RgbConverter(feature, rel)
     shape = (per_batch, feature.height, feature.width, feature.channels)
     times: list[float] = []
@@ -260,18 +253,12 @@ def iter_frames(root: DatasetPath, rel: str, feature: VideoFeature, batch_bytes:
                 rgb.convert_into(frame, images[len(times)])
                 times.append(at)
                 if len(times) == per_batch:
-                    yield _frame_batch(schema, times, images)
+                    yield feature.tier.batch(schema, times, images)
                     times, images = [], np.empty(shape, dtype=np.uint8)  # the batch handed on keeps its pixels
     except (OSError, av.error.FFmpegError) as exc:
         raise DatasetError(f"video file {rel!r} cannot be decoded: {exc}") from exc
     if times:
-        yield _frame_batch(schema, times, images[: len(times)])
-
-
-def _frame_batch(schema: pa.Schema, times: list[float], images: np.ndarray) -> pa.RecordBatch:
-    flat = pa.array(images.reshape(-1), pa.uint8())  # no copy: Arrow wraps the numpy buffer
-    frames = pa.FixedSizeListArray.from_arrays(flat, schema.field(FRAME).type.list_size)
-    return pa.RecordBatch.from_arrays([pa.array(times, pa.float64()), frames], schema=schema)
+        yield feature.tier.batch(schema, times, images[: len(times)])
 
 
 def nearest_rows(pts: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from app.errors import DatasetError, TryLater
 from app.settings import Settings
 from app.sources import DatasetInfo, DatasetPath, Source, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
+from app.sources.frame_tiers import parse_tier
 from app.store.episode_index import EpisodeIndex, file_identity, load_or_build_index
 from app.store.frame_budget import FrameBudget
 from app.store.frame_cache import FrameCache
@@ -129,6 +130,8 @@ class Dataset:
         size = self.limits.frame_size(self.id)
         if size is not None:
             source.info.videos = {key: camera.resized(*size) for key, camera in source.info.videos.items()}
+        tier = parse_tier(self.limits.frame_tier(self.id))
+        source.info.videos = {key: replace(camera, tier=tier) for key, camera in source.info.videos.items()}
         column = source.info.episode_column or self.default_episode_column
         index_path = self.cache_dir / "index.json"
         index = load_or_build_index(source, column, index_path, self._index if column == self.episode_column else None)

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 
 from app.sources import SourceFingerprint
+from app.sources.frame_tiers import estimated_frame_segment_bytes
 from app.store.frame_budget import FrameBudget
 from app.store.mapped_segments import Segment, SegmentLRU
-from app.store.segment_files import estimated_segment_bytes
 from app.store.segments import SegmentStore
 
 
@@ -81,7 +81,7 @@ class FrameCache(SegmentStore):
 
     def _admit(self, source: SourceFingerprint, schema: pa.Schema) -> bool:
         """Make room in the budget for the decoded-frame segment of `source` (False: it never fits)."""
-        return self.budget.admit(self.paths(source.path).arrow, estimated_segment_bytes(schema, source.rows))
+        return self.budget.admit(self.paths(source.path).arrow, estimated_frame_segment_bytes(schema, source.rows))
 
     def _used(self, segment: Segment) -> Segment:
         self.budget.touch(self.paths(segment.source.path).arrow)

@@ -48,21 +48,6 @@ def read_sidecar(paths: SegmentPaths, source: SourceFingerprint, schema: pa.Sche
     return sidecar
 
 
-def estimated_segment_bytes(schema: pa.Schema, rows: int) -> int:
-    """About how large a segment of `rows` rows of a fixed-width `schema` is on disk (variable-width columns are
-    counted at 16 bytes a value)."""
-    row = 0
-    for field_ in schema:
-        kind, count = field_.type, 1
-        while isinstance(kind, pa.FixedSizeListType):
-            kind, count = kind.value_type, count * kind.list_size
-        try:
-            row += count * max(1, kind.bit_width // 8)
-        except ValueError:
-            row += count * 16
-    return rows * row + 64 * 1024  # plus the IPC file's framing and footer, roughly
-
-
 def file_checksum(path: Path) -> str:
     """Checksum of a whole file, read through a memory map (`xxh3_64:<hex>`)."""
     with open(path, "rb") as handle:

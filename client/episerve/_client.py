@@ -18,6 +18,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import numpy as np
 import pyarrow as pa
 
+from episerve._encoded_frames import FRAMES, decoded_frames
 from episerve._episodes import Episodes
 from episerve._errors import ConnectionFailed, EpiserveError, NotFound, ServerError, TooLarge, server_error
 from episerve._local_frames import FramesUnavailable, LocalFrames
@@ -57,7 +58,11 @@ class Client:
     Arrow bodies, worth it across slow links (pyarrow decompresses them). `cache_dir` is the server's cache
     directory as this machine sees it (the server runs here, or its cache is a volume shared with this machine):
     takes then read the camera frames the server has decoded straight from its segment files, not over the socket
-    (frames not decoded yet, windowed cameras and `rows()` still come over HTTP). Server errors are raised as
+    (frames not decoded yet, windowed cameras and `rows()` still come over HTTP). `frames="encoded"` asks for
+    camera frames (those without windows) as JPEG bytes and decodes them in this process (the `jpeg` extra): a
+    480x640 frame crosses the network in a tenth of its raw bytes or less, and the trainer's cores decode, not the
+    server's; the frames are lossy unless the dataset's frame tier is JPEG already (then they equal its pixels).
+    Server errors are raised as
     `ServerError` subclasses; a server that stays unreachable raises `ConnectionFailed`. Safe to use from several
     threads, to pickle, and across `fork`. Use it as a context manager or call `close()`.
     """
@@ -71,9 +76,13 @@ class Client:
         retries: Retries | int | None = None,
         compression: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        frames: str = "pixels",
     ) -> None:
         if compression not in (None, "lz4", "zstd"):
             raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
+        if frames not in FRAMES:
+            raise ValueError(f"frames must be one of {', '.join(map(repr, FRAMES))}, got {frames!r}")
+        self.frames = frames
         self.url = url.rstrip("/")
         self.compression = compression
         self.token = token if token is not None else os.environ.get("EPISERVE_TOKEN") or None
@@ -265,8 +274,7 @@ class Client:
     def _takes_request(self, takes: list[tuple[Selection, np.ndarray]]) -> list[Pages]:
         """One `POST /takes` request; camera frames read from `cache_dir` where they can be."""
         payload = [{"dataset": selection.dataset_id} | _take_body(selection, page) for selection, page in takes]
-        if self.compression is not None:
-            payload = [take | {"compression": self.compression} for take in payload]
+        payload = [take | self._answer_fields() for take in payload]
         local = self.local_frames
         if local is not None and local.in_use:
             referenced = [take | {"frames": "references"} for take in payload]
@@ -284,7 +292,7 @@ class Client:
         response = self._send("POST", "/takes", body={"takes": payload}, arrow=True)
         body = _arrow_body_buffer(response, "the takes")
         reader = pa.BufferReader(body)
-        tables = [pa.ipc.open_stream(reader).read_all() for _ in payload]
+        tables = [decoded_frames(pa.ipc.open_stream(reader).read_all()) for _ in payload]
         totals = [int(total) for total in response.headers["x-total-rows"].split(",")]
         if reader.tell() != body.size or len(totals) != len(payload):
             raise EpiserveError(f"the server answered {len(payload)} takes with another number of streams")
@@ -292,9 +300,7 @@ class Client:
 
     def _take_page(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int]:
         """One `/rows/take` request and the view length; camera frames read from `cache_dir` where it can."""
-        payload = _take_body(selection, page)
-        if self.compression is not None:
-            payload["compression"] = self.compression
+        payload = _take_body(selection, page) | self._answer_fields()
         path = _path(selection.dataset_id, "/rows/take")
         local = self.local_frames
         if local is not None and local.in_use:
@@ -309,14 +315,21 @@ class Client:
 
     def _slice(self, selection: Selection, start: int, stop: int | None) -> Response:
         """One `/rows` request: GET with a query, or POST with a body when the episode list is too long for a URL."""
-        fields = _slice_fields(selection, start, stop)
-        if self.compression is not None:
-            fields["compression"] = self.compression
+        fields = _slice_fields(selection, start, stop) | self._answer_fields()
         path = _path(selection.dataset_id, "/rows")
         if selection.episodes is not None and len(selection.episodes) > _MAX_SPEC_IN_URL:
             return self._send("POST", path, body=fields, arrow=True)
         query = {name: _query_value(name, value) for name, value in fields.items()}
         return self._send("GET", path, query=query, arrow=True)
+
+    def _answer_fields(self) -> dict[str, Any]:
+        """The fields of every read request that say how the answer comes: compression, frames encoded."""
+        fields: dict[str, Any] = {}
+        if self.compression is not None:
+            fields["compression"] = self.compression
+        if self.frames != "pixels":
+            fields["frames"] = self.frames
+        return fields
 
     # --- sending ---------------------------------------------------------------------------------------------
 
@@ -460,7 +473,7 @@ def _query_value(name: str, value: Any) -> Any:
 
 def _arrow_body(response: Response, dataset_id: str) -> ArrowBody:
     body = _arrow_body_buffer(response, f"dataset {dataset_id!r}")
-    return ArrowBody(pa.ipc.open_stream(body).read_all(), body)
+    return ArrowBody(decoded_frames(pa.ipc.open_stream(body).read_all()), body)
 
 
 def _arrow_body_buffer(response: Response, what: str) -> pa.Buffer:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-_PACKAGES = {"torch": "torch", "images": "pillow"}
+_PACKAGES = {"torch": "torch", "images": "pillow", "jpeg": "simplejpeg"}
 
 
 def install_hint(*extras: str) -> str:

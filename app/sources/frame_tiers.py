@@ -1,0 +1,225 @@
+"""How a camera's frames are kept in its per-video-file segments: the frame tiers.
+
+- `RawTier`: each frame's exact RGB pixels (what the decoder gives, LeRobot's frames), a fixed-size list column the
+  read path maps and sends as views. 36-201x the MP4s on camera-like content.
+- `JpegTier`: each frame as one independently decodable JPEG (libjpeg-turbo through `simplejpeg`) at the served
+  size, a binary column: a random access is one decode, the disk 4-6x the MP4s at quality 90-95. Lossy: the
+  quality setting is stated wherever frames are described, and raw stays the default.
+
+A tier is a small frozen value carried by the camera (`VideoFeature.tier`), so every piece of the read path asks the
+camera's tier instead of branching on it: the segment schema, the batches a build writes, the pictures a read gathers,
+and the encoded bytes a `frames=encoded` answer sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from app.sources.source import VideoFeature
+
+PTS, FRAME = "pts", "frame"
+# Field metadata of an encoded camera column (in segments, and on the wire with `frames=encoded`).
+ENCODING_KEY, SHAPE_KEY, QUALITY_KEY = b"episerve.encoding", b"shape", b"episerve.quality"
+SUBSAMPLINGS = ("420", "422", "444")
+DEFAULT_WIRE_QUALITY = 95  # what a raw-tier camera is encoded at when a client asks for encoded frames
+
+
+class Pictures(Protocol):
+    """One segment batch's frames: `pictures[row]` is frame `row` as a (H, W, C) uint8 array, `pictures[rows]`
+    (an integer array) those frames stacked."""
+
+    def __getitem__(self, rows: Any) -> np.ndarray: ...
+
+
+class FrameTier(Protocol):
+    """One way of keeping a camera's frames in its segments."""
+
+    name: str
+    decodes: bool  # reading pixels costs a decode per frame (not a view of the map)
+
+    def schema(self, feature: VideoFeature) -> pa.Schema:
+        """A segment of this tier: each frame's presentation time and its frame."""
+        ...
+
+    def batch(self, schema: pa.Schema, times: Sequence[float], images: np.ndarray) -> pa.RecordBatch:
+        """Decoded frames `images` (n, H, W, C uint8) at presentation `times`, as a batch of this tier's segment."""
+        ...
+
+    def pictures(self, frames: pa.Array, feature: VideoFeature) -> Pictures:
+        """The frames of one segment batch (its frame column), readable as pixels."""
+        ...
+
+    def as_kept(self, frames: np.ndarray, positions: np.ndarray) -> None:
+        """Turn the freshly decoded `frames[positions]` into what this tier keeps, in place, so a frame decoded on
+        demand equals the same frame read from a built segment: an answer never depends on what is cached."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What `/datasets/<id>` says of the tier."""
+        ...
+
+
+@dataclass(frozen=True)
+class RawTier:
+    """Exact RGB pixels, (height, width, channels) row-major per frame."""
+
+    name: str = "raw"
+    decodes: bool = False
+
+    def schema(self, feature: VideoFeature) -> pa.Schema:
+        shape = [feature.height, feature.width, feature.channels]
+        pixels = pa.list_(pa.uint8(), shape[0] * shape[1] * shape[2])
+        frame = pa.field(FRAME, pixels, metadata={SHAPE_KEY: orjson.dumps(shape)})
+        return pa.schema([pa.field(PTS, pa.float64()), frame])
+
+    def batch(self, schema: pa.Schema, times: Sequence[float], images: np.ndarray) -> pa.RecordBatch:
+        flat = pa.array(images.reshape(-1), pa.uint8())  # no copy: Arrow wraps the numpy buffer
+        frames = pa.FixedSizeListArray.from_arrays(flat, schema.field(FRAME).type.list_size)
+        return pa.RecordBatch.from_arrays([pa.array(times, pa.float64()), frames], schema=schema)
+
+    def pictures(self, frames: pa.Array, feature: VideoFeature) -> Pictures:
+        shape = (feature.height, feature.width, feature.channels)
+        values = frames.values.to_numpy(zero_copy_only=True)[frames.offset * frames.type.list_size :]
+        return values[: len(frames) * frames.type.list_size].reshape(len(frames), *shape)
+
+    def as_kept(self, frames: np.ndarray, positions: np.ndarray) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"tier": self.name, "lossy": False}
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class JpegTier:
+    """One baseline JPEG per frame at `quality` (1-100) with `subsampling` chroma (`420`, `422` or `444`)."""
+
+    quality: int = 95
+    subsampling: str = "420"
+    name: str = "jpeg"
+    decodes: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"JPEG quality {self.quality} is not within 1-100")
+        if self.subsampling not in SUBSAMPLINGS:
+            raise ValueError(f"JPEG chroma subsampling {self.subsampling!r} is not one of {', '.join(SUBSAMPLINGS)}")
+
+    def schema(self, feature: VideoFeature) -> pa.Schema:
+        return pa.schema([pa.field(PTS, pa.float64()), self.field(FRAME, feature)])
+
+    def field(self, name: str, feature: VideoFeature) -> pa.Field:
+        """A binary column of this tier's JPEGs, its metadata saying how to decode them."""
+        shape = [feature.height, feature.width, feature.channels]
+        metadata = {
+            ENCODING_KEY: b"jpeg",
+            SHAPE_KEY: orjson.dumps(shape),
+            QUALITY_KEY: f"{self.quality}:{self.subsampling}".encode(),
+        }
+        return pa.field(name, pa.binary(), metadata=metadata)
+
+    def batch(self, schema: pa.Schema, times: Sequence[float], images: np.ndarray) -> pa.RecordBatch:
+        frames = pa.array([self.encode(image) for image in images], pa.binary())
+        return pa.RecordBatch.from_arrays([pa.array(times, pa.float64()), frames], schema=schema)
+
+    def encode(self, image: np.ndarray) -> bytes:
+        """One (H, W, 3) uint8 frame as a JPEG."""
+        import simplejpeg
+
+        contiguous = np.ascontiguousarray(image)
+        return simplejpeg.encode_jpeg(
+            contiguous, quality=self.quality, colorspace="RGB", colorsubsampling=self.subsampling, fastdct=False
+        )
+
+    def pictures(self, frames: pa.Array, feature: VideoFeature) -> Pictures:
+        return _DecodedOnRead(frames, (feature.height, feature.width, feature.channels))
+
+    def as_kept(self, frames: np.ndarray, positions: np.ndarray) -> None:
+        shape = frames.shape[1:]
+        for position in np.unique(positions).tolist():
+            frames[position] = decode_jpeg(self.encode(frames[position]), shape)
+
+    def describe(self) -> dict[str, Any]:
+        return {"tier": self.name, "lossy": True, "quality": self.quality, "chroma_subsampling": self.subsampling}
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.quality}:{self.subsampling}"
+
+
+def decode_jpeg(data: bytes | pa.Buffer, shape: tuple[int, int, int]) -> np.ndarray:
+    """One JPEG as a (H, W, 3) uint8 array; a problem when it does not hold a frame of `shape`."""
+    import simplejpeg
+
+    image = simplejpeg.decode_jpeg(np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False)
+    if image.shape != shape:
+        raise ValueError(f"an encoded frame is {image.shape}, the camera's frames are {shape}")
+    return image
+
+
+class _DecodedOnRead:
+    """A JPEG segment batch's frames, each decoded when it is read."""
+
+    def __init__(self, frames: pa.Array, shape: tuple[int, int, int]) -> None:
+        self._frames, self._shape = frames, shape
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        if isinstance(rows, (int, np.integer)):
+            return decode_jpeg(self._frames[int(rows)].as_buffer(), self._shape)
+        picked = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(picked), *self._shape), dtype=np.uint8)
+        for position, row in enumerate(picked.tolist()):
+            out[position] = decode_jpeg(self._frames[row].as_buffer(), self._shape)
+        return out
+
+
+RAW = RawTier()
+
+
+def wire_encoding(tier: FrameTier) -> JpegTier:
+    """How a camera's frames are encoded for a client that decodes them itself: as its tier keeps them where that
+    is JPEG (the bytes are sent as stored), else JPEG at `DEFAULT_WIRE_QUALITY`."""
+    return tier if isinstance(tier, JpegTier) else JpegTier(DEFAULT_WIRE_QUALITY)
+
+
+def parse_tier(text: str) -> FrameTier:
+    """`raw`, `jpeg`, `jpeg:90` or `jpeg:100:444` as a tier (ValueError naming what is wrong)."""
+    name, *options = [part.strip() for part in text.strip().lower().split(":")]
+    if name == "raw" and not options:
+        return RAW
+    if name == "jpeg" and len(options) <= 2:
+        quality = options[0] if options else "95"
+        if not quality.isdigit():
+            raise ValueError(f"frame tier {text!r}: the JPEG quality must be an integer 1-100")
+        return JpegTier(int(quality), *options[1:2])
+    raise ValueError(f"frame tier {text!r} is not `raw`, `jpeg`, `jpeg:QUALITY` or `jpeg:QUALITY:SUBSAMPLING`")
+
+
+def parse_tiers(text: str) -> dict[str, FrameTier]:
+    """`jpeg:95,pusht=raw` -> {"*": JpegTier(95), "pusht": RAW}."""
+    tiers: dict[str, FrameTier] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        if entry:
+            dataset_id, _, tier = entry.rpartition("=")
+            tiers[dataset_id.strip() or "*"] = parse_tier(tier)
+    return tiers
+
+
+def estimated_frame_segment_bytes(schema: pa.Schema, frames: int) -> int:
+    """About how large a segment of `frames` frames of `schema` is on disk, for the cache budget before a build:
+    exact for raw pixels; for JPEG, a generous estimate from camera-like content (an eighth of raw up to quality
+    95, a quarter above; measured 1/11-1/40)."""
+    field_ = schema.field(FRAME)
+    raw = int(np.prod(orjson.loads(field_.metadata[SHAPE_KEY])))
+    if pa.types.is_binary(field_.type):
+        quality = int(field_.metadata[QUALITY_KEY].split(b":")[0])
+        raw //= 4 if quality > 95 else 8
+    return frames * (raw + 8) + 64 * 1024  # plus presentation times and the IPC file's framing

@@ -1,0 +1,62 @@
+"""Camera frames that came encoded (`Client(frames="encoded")`): decoded here, in the process that reads them (a
+DataLoader worker), so the server's cores and the network carry JPEG bytes instead of raw pixels.
+
+The server marks an encoded camera column by its field metadata (`episerve.encoding`, `shape`); each such column
+becomes the fixed-shape uint8 (H, W, C) tensor column the server would have sent as pixels, so everything after the
+read (batches, LeRobot samples, mixtures) is the same for both. JPEGs are decoded by libjpeg-turbo through
+`simplejpeg`, with the accurate DCT and upsampling, so the pixels equal the server's decode of the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from episerve._errors import EpiserveError
+from episerve._extras import install_hint
+
+ENCODING_KEY, SHAPE_KEY = b"episerve.encoding", b"shape"
+FRAMES = ("pixels", "encoded")
+
+
+def is_encoded_camera(field: pa.Field) -> bool:
+    """Whether `field` is a camera column of encoded frames."""
+    return field.metadata is not None and ENCODING_KEY in field.metadata and pa.types.is_binary(field.type)
+
+
+def decoded_frames(table: pa.Table) -> pa.Table:
+    """`table` with every encoded camera column decoded into uint8 (H, W, C) tensors (the same table if none)."""
+    for position, field in enumerate(table.schema):
+        if is_encoded_camera(field):
+            table = table.set_column(position, field.name, _decoded_column(field, table.column(position)))
+    return table
+
+
+def _decoded_column(field: pa.Field, column: pa.ChunkedArray) -> pa.Array:
+    encoding = field.metadata[ENCODING_KEY].decode()
+    if encoding != "jpeg":
+        raise EpiserveError(f"camera {field.name!r} came encoded as {encoding!r}; this client decodes jpeg only")
+    try:
+        import simplejpeg
+    except ImportError as exc:
+        raise ImportError(f"frames='encoded' needs simplejpeg: {install_hint('jpeg')}") from exc
+    shape = tuple(json.loads(field.metadata[SHAPE_KEY]))
+    frames = np.empty((len(column), *shape), dtype=np.uint8)
+    row = 0
+    for chunk in column.chunks:
+        for value in chunk:
+            data = value.as_buffer()
+            if data is None:
+                raise EpiserveError(f"camera {field.name!r}: row {row} came without a frame")
+            image = simplejpeg.decode_jpeg(
+                np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False, buffer=frames[row]
+            )
+            if image.shape != shape:
+                raise EpiserveError(f"camera {field.name!r}: row {row} is a {image.shape} frame, not {shape}")
+            row += 1
+    kind = pa.fixed_shape_tensor(pa.uint8(), list(shape))
+    values = pa.Array.from_buffers(pa.uint8(), frames.size, [None, pa.py_buffer(frames)])
+    storage = pa.Array.from_buffers(kind.storage_type, len(frames), [None], children=[values])
+    return pa.ExtensionArray.from_storage(kind, storage)

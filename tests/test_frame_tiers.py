@@ -1,0 +1,193 @@
+"""Frame tiers and encoded frames on the wire, against real servers: the JPEG tier's frames equal an independent
+JPEG round trip (simplejpeg, accurate DCT) of the reference frames decoded from the MP4s (tests/video_oracle.py),
+cold (decoded on demand) and from its built segments alike; its segments are a fraction of raw; `frames=encoded`
+sends JPEG bytes the client decodes to the same pixels, through a DataLoader with workers; bad values are problems."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pyarrow as pa
+import pytest
+import simplejpeg
+
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
+from tests.support import ServerProcess, eventually, read_stream
+from tests.video_oracle import frames_for_rows
+
+ROWS = ["episode_index", "frame_index"]
+QUALITY = 90
+TAKE = {"episodes": [7, 2], "indices": [0, 40, 3, 41, 1, 0, 12], "columns": [*ROWS, TOP_CAMERA, WRIST_CAMERA]}
+
+
+def jpeg_round_trip(frames: np.ndarray, quality: int = QUALITY, subsampling: str = "420") -> np.ndarray:
+    """The oracle of the JPEG tier: each frame encoded and decoded by libjpeg-turbo, as the tier states it."""
+    out = np.empty_like(frames)
+    for i, frame in enumerate(frames):
+        data = simplejpeg.encode_jpeg(frame, quality=quality, colorspace="RGB", colorsubsampling=subsampling)
+        out[i] = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False)
+    return out
+
+
+def exact(root: Path, key: str, table: pa.Table) -> np.ndarray:
+    rows = zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True)
+    return frames_for_rows(root, key, rows)
+
+
+def pixels(table: pa.Table, key: str) -> np.ndarray:
+    return table[key].combine_chunks().to_numpy_ndarray()
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def frame_segment_bytes(cache: Path) -> dict[str, int]:
+    """Video file -> bytes of its published frame segment."""
+    return {
+        orjson.loads(p.read_bytes())["source"]["path"]: p.with_suffix(".arrow").stat().st_size
+        for p in cache.rglob("frames/*.json")
+    }
+
+
+@pytest.fixture(scope="module")
+def jpeg_server(video_root: Path, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    env = {"EPISERVE_VIDEO_FRAME_TIER": f"jpeg:{QUALITY},cams-v21=raw"}
+    with ServerProcess([video_root], tmp_path_factory.mktemp("cache"), env=env) as running:
+        yield running
+
+
+def test_the_jpeg_tier_serves_the_same_round_tripped_frames_cold_and_from_its_segments(
+    jpeg_server: ServerProcess, video_root: Path
+) -> None:
+    root = video_root / "cams-v3"
+    with httpx.Client(base_url=jpeg_server.url, timeout=60) as http:
+        described = {c["name"]: c for c in http.get("/datasets/cams-v3").json()["columns"]}
+        assert described[TOP_CAMERA]["frames"] == {
+            "tier": "jpeg",
+            "lossy": True,
+            "quality": QUALITY,
+            "chroma_subsampling": "420",
+        }
+        assert {c["name"]: c for c in http.get("/datasets/cams-v21").json()["columns"]}[TOP_CAMERA]["frames"] == {
+            "tier": "raw",
+            "lossy": False,
+        }
+        cold = read_stream(http.post("/datasets/cams-v3/rows/take", json=TAKE).content)
+        rows_only = read_stream(http.post("/datasets/cams-v3/rows/take", json=TAKE | {"columns": ROWS}).content)
+        assert cold.select(ROWS).equals(rows_only)
+        for key in (TOP_CAMERA, WRIST_CAMERA):
+            reference = exact(root, key, cold)
+            assert np.array_equal(pixels(cold, key), jpeg_round_trip(reference))
+            assert psnr(pixels(cold, key), reference) >= 30  # lossy, stated, and close
+        eventually(lambda: len(frame_segment_bytes(jpeg_server.cache_dir)) >= 2, 120)  # built in the background
+        warm = read_stream(http.post("/datasets/cams-v3/rows/take", json=TAKE).content)
+        for key in (TOP_CAMERA, WRIST_CAMERA):
+            assert np.array_equal(pixels(warm, key), pixels(cold, key))
+        # A slice reads them too, in view order.
+        params = {"episodes": "7", "columns": ",".join([*ROWS, TOP_CAMERA]), "stop": "10"}
+        sliced = read_stream(http.get("/datasets/cams-v3/rows", params=params).content)
+        assert sliced["frame_index"].to_pylist() == list(range(10))
+        assert np.array_equal(pixels(sliced, TOP_CAMERA), jpeg_round_trip(exact(root, TOP_CAMERA, sliced)))
+
+
+def test_jpeg_segments_are_a_fraction_of_raw_frames(jpeg_server: ServerProcess, video_root: Path) -> None:
+    with httpx.Client(base_url=jpeg_server.url, timeout=120) as http:
+        params = {"episodes": "0-8", "columns": f"frame_index,{TOP_CAMERA},{WRIST_CAMERA}"}
+        everything = http.get("/datasets/cams-v3/rows", params=params)  # touches every video file: all are built
+        assert everything.status_code == 200, everything.text
+    eventually(lambda: len(frame_segment_bytes(jpeg_server.cache_dir)) >= 6, 120)  # 3 files x 2 cameras
+    sizes = frame_segment_bytes(jpeg_server.cache_dir)
+    info = orjson.loads((video_root / "cams-v3/meta/info.json").read_bytes())
+    for rel, nbytes in sizes.items():
+        key = TOP_CAMERA if TOP_CAMERA in rel else WRIST_CAMERA
+        height, width, channels = info["features"][key]["shape"]
+        sidecar = next(
+            p
+            for p in jpeg_server.cache_dir.rglob("frames/*.json")
+            if orjson.loads(p.read_bytes())["source"]["path"] == rel
+        )
+        frames = orjson.loads(sidecar.read_bytes())["rows"]
+        assert nbytes < frames * height * width * channels / 3, (rel, nbytes, frames)
+
+
+def test_encoded_frames_on_the_wire_are_the_tiers_bytes_or_a_jpeg_of_exact_frames(
+    jpeg_server: ServerProcess, video_root: Path
+) -> None:
+    with httpx.Client(base_url=jpeg_server.url, timeout=60) as http:
+        for name in ("cams-v3", "cams-v21"):  # the JPEG tier, and raw frames encoded for the wire
+            asked = read_stream(http.post(f"/datasets/{name}/rows/take", json=TAKE).content)
+            answer = http.post(f"/datasets/{name}/rows/take", json=TAKE | {"frames": "encoded"})
+            assert answer.status_code == 200, answer.text
+            encoded = read_stream(answer.content)
+            assert encoded["frame_index"].to_pylist() == asked["frame_index"].to_pylist()
+            for key in (TOP_CAMERA, WRIST_CAMERA):
+                field = encoded.schema.field(key)
+                assert field.type == pa.binary()
+                assert field.metadata[b"episerve.encoding"] == b"jpeg"
+                shape = orjson.loads(field.metadata[b"shape"])
+                decoded = np.stack(
+                    [
+                        simplejpeg.decode_jpeg(b, colorspace="RGB", fastdct=False, fastupsample=False)
+                        for b in encoded[key].to_pylist()
+                    ]
+                )
+                assert list(decoded.shape[1:]) == shape
+                if name == "cams-v3":  # the bytes the tier keeps: exactly the pixels it serves
+                    assert field.metadata[b"episerve.quality"] == f"{QUALITY}:420".encode()
+                    assert np.array_equal(decoded, pixels(asked, key))
+                else:  # raw frames, encoded at quality 95 for the wire
+                    assert field.metadata[b"episerve.quality"] == b"95:420"
+                    assert np.array_equal(pixels(asked, key), exact(video_root / name, key, asked))
+                    assert psnr(decoded, pixels(asked, key)) >= 35
+            # A slice asks for them in its query.
+            query = {"episodes": "2", "columns": f"frame_index,{TOP_CAMERA}", "stop": "3", "frames": "encoded"}
+            sliced = read_stream(http.get(f"/datasets/{name}/rows", params=query).content)
+            assert sliced.schema.field(TOP_CAMERA).type == pa.binary() and sliced.num_rows == 3
+            # An empty answer has the same schema.
+            empty = read_stream(
+                http.post(f"/datasets/{name}/rows/take", json=TAKE | {"indices": [], "frames": "encoded"}).content
+            )
+            assert empty.num_rows == 0 and empty.schema.field(TOP_CAMERA).type == pa.binary()
+
+
+def test_bad_frames_values_are_problems(jpeg_server: ServerProcess) -> None:
+    with httpx.Client(base_url=jpeg_server.url, timeout=60) as http:
+        bad = http.post("/datasets/cams-v3/rows/take", json=TAKE | {"frames": "jpeg"})
+        assert bad.status_code == 422 and "frames" in bad.json()["detail"]
+        bad = http.get("/datasets/cams-v3/rows", params={"frames": "references"})  # takes only
+        assert bad.status_code == 422 and "frames" in bad.json()["detail"]
+        windowed = TAKE | {"frames": "encoded", "delta_timestamps": {TOP_CAMERA: [-0.1, 0.0]}}
+        bad = http.post("/datasets/cams-v3/rows/take", json=windowed)
+        assert bad.status_code == 422 and "frames=encoded" in bad.json()["detail"]
+        assert bad.headers["content-type"].startswith("application/problem+json")
+
+
+def test_the_client_decodes_encoded_frames_in_dataloader_workers(jpeg_server: ServerProcess) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    import episerve
+
+    columns = ["episode_index", "frame_index", TOP_CAMERA]
+    with episerve.Client(jpeg_server.url) as client:
+        expected = client.take("cams-v3", list(range(64)), episodes="0-8", columns=columns)
+    dataset = episerve.EpisodeDataset(
+        episerve.Client(jpeg_server.url, frames="encoded"), "cams-v3", episodes="0-8", columns=columns
+    )
+    loader = DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=episerve.collate)
+    seen = [batch for _, batch in zip(range(4), loader, strict=False)]
+    frames = torch.cat([batch[TOP_CAMERA] for batch in seen]).numpy()
+    reference = pixels(expected, TOP_CAMERA)[: len(frames)].transpose(0, 3, 1, 2)  # channels-first, as LeRobot
+    assert frames.shape == reference.shape and frames.dtype == np.uint8
+    assert np.array_equal(frames, reference)
+    assert (
+        torch.cat([batch["frame_index"] for batch in seen]).tolist()
+        == expected["frame_index"].to_pylist()[: len(frames)]
+    )
+    with pytest.raises(ValueError, match="frames must be one of"):
+        episerve.Client(jpeg_server.url, frames="png")
