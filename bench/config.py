@@ -28,6 +28,7 @@ class CameraSize:
     min_length: int
     max_length: int
     seed: int
+    content: str = "synthetic"  # or "photo": a pan and zoom over photographs with sensor noise (P16)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class CameraScale:
     cameras: tuple[CameraSize, ...]
     samples: int  # frames drawn per episerve and mmap loader
     peer_samples: int  # frames drawn through the LeRobot-style per-sample decode path (slow)
+    photos: tuple[CameraSize, ...] = ()  # P16's camera-like datasets
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,10 @@ FULL = Scale(
         ),
         samples=3200,
         peer_samples=1280,
+        photos=(
+            CameraSize("photo480", 480, 640, episodes=8, min_length=200, max_length=260, seed=11, content="photo"),
+            CameraSize("photo224", 224, 224, episodes=8, min_length=200, max_length=260, seed=12, content="photo"),
+        ),
     ),
 )
 
@@ -104,6 +110,10 @@ QUICK = Scale(
         ),
         samples=1280,
         peer_samples=640,
+        photos=(
+            CameraSize("photo480", 480, 640, episodes=4, min_length=120, max_length=160, seed=11, content="photo"),
+            CameraSize("photo224", 224, 224, episodes=4, min_length=120, max_length=160, seed=12, content="photo"),
+        ),
     ),
 )
 

@@ -7,8 +7,8 @@ Steps: generate (or reuse) the datasets in the work dir; convert them once for t
 the mmap and Flight peers, the HF `datasets` cache); run the cold-cache figures (P6, P8, P4), each with its own
 empty caches; start the warm episerve server (2 workers), the Flight peer and the loopback ceiling; run the warm
 figures (P5, P1, P2, P3, P7); run the camera figures (P9, and P10 and P15 on the same datasets), the mixture
-figures (P12, P13) and the sharing figure (P14), which generate their own datasets and start their own servers; print
-the table and write it to `bench/results/<date>-<mode>.md`.
+figures (P12, P13), the sharing figure (P14) and the frame tiers (P16), which generate their own datasets and
+start their own servers; print the table and write it to `bench/results/<date>-<mode>.md`.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         p13_resume,
         p14_sharing,
         p15_lerobot_train,
+        p16_frame_tiers,
     )
 
     cold = {"P6": p6_build.run, "P8": p8_cold.run, "P11": p11_object_store.run, "P4": p4_disk.run}
@@ -68,6 +69,7 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         "P13": p13_resume.run,
         "P14": p14_sharing.run,
         "P15": p15_lerobot_train.run,
+        "P16": p16_frame_tiers.run,
     }
     return cold, warm, own
 

@@ -90,7 +90,7 @@ def test_cameras_not_decoded_into_segments_come_as_pixels(video_root: Path, http
 
 def test_an_unknown_frames_mode_is_422(http: httpx.Client) -> None:
     response = http.post("/datasets/cams-v3/rows/take", json={"indices": [0], "frames": "bytes"})
-    assert_problem(response, 422, "frames", "'pixels' or 'references'")
+    assert_problem(response, 422, "frames", "'pixels', 'encoded' or 'references'")
 
 
 @pytest.mark.parametrize("name", ["cams-v3", "cams-v21"])

@@ -35,7 +35,7 @@ FRAMES_HELP = (
     "How camera columns come: `pixels` (uint8 (H, W, C) tensors, exact as the dataset's frame tier serves them) or "
     "`encoded` (one JPEG per frame in a binary column whose field metadata gives `episerve.encoding`, `shape` and "
     "`episerve.quality`, for the client to decode: the bytes as the JPEG tier keeps them, else encoded at quality "
-    "95). Cameras with `delta_timestamps` windows come as pixels only."
+    "95). Cameras with `delta_timestamps` windows come as pixels."
 )
 _FRAME_SIZES = TypeAdapter(dict[str, FrameSize])
 

@@ -220,13 +220,7 @@ def _prepared(dataset: Dataset, index: EpisodeIndex, ranges: EpisodeRanges | Non
             max_offsets=dataset.limits.max_window_offsets,
         )
     references = isinstance(request, TakeRequest) and request.frames == "references"
-    encoded = request.frames == "encoded"
-    windowed_cameras = [key for key in (spec.offsets if spec is not None else ()) if key in dataset.info().videos]
-    if encoded and windowed_cameras:
-        raise InvalidInput(
-            f"frames=encoded applies to cameras without windows; {windowed_cameras} have delta_timestamps (ask for "
-            "them as pixels, or read their frames in a request of their own)"
-        )
+    encoded = request.frames == "encoded"  # cameras without windows (windowed ones come as pixels)
     base = with_window_columns(names, spec)
     cameras = dataset.info().videos
     answered = [*(base or ()), *(spec.offsets if spec is not None else ())]

@@ -1,0 +1,204 @@
+"""P16: camera frames at real dataset sizes, per frame tier and size, on camera-like content (a pan and zoom over
+photographs with sensor noise, `bench/camera_datasets.py`), encoded as LeRobot records (AV1, GOP 2).
+
+Per dataset (480x640 and 224x224), each tier's cache is built with `episerve-server warm DATASET --videos` under
+`EPISERVE_VIDEO_FRAME_TIER` (raw, and JPEG at the qualities in `JPEG_TIERS`), and:
+
+- disk: the frame segments' bytes ÷ the source MP4s' bytes;
+- samples/s: a shuffled `EpisodeDataset` (batch 64, 2 workers, the camera and `index`) against a server on demand
+  (AV1 decoded per request, the peer), on the raw cache, on each JPEG tier decoded by the server, and on each JPEG
+  tier with `Client(frames="encoded")` (JPEG bytes on the wire, decoded in the DataLoader workers);
+- wire bytes per frame of a 64-frame take, pixels and encoded;
+- PSNR of each JPEG tier's frames against the exact frames (LeRobot's decode: the on-demand server's).
+
+Loaders run `Scale.rounds` times, interleaved; the table shows medians. LeRobot 0.6.1 and Lance are P9's peers (the
+same DataLoader settings); the ALOHA sim renders are not generated here (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.camera_datasets import CAMERA, CameraDataset, ensure_camera_dataset
+from bench.context import Context
+from bench.figures.p3_loader import samples_per_second
+from bench.processes import EpiserveServer, _clean_env, app_dir
+from bench.report import Row
+from bench.timing import in_rounds, medians, ratio_spread
+
+BATCH = 64
+WORKERS = 2
+COLUMNS = [CAMERA, "index"]
+JPEG_TIERS = ("jpeg:95", "jpeg:90")
+KEY = "samples_per_s"
+# On-demand AV1 ÷ JPEG tier targets (targets.md P16), by frame height.
+TARGET_VS_ON_DEMAND = {480: 3.0, 224: 5.0}
+
+
+def run(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for size in ctx.scale.p9.photos:
+        dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
+        rows += _dataset_rows(ctx, dataset)
+    return rows
+
+
+def _dataset_rows(ctx: Context, dataset: CameraDataset) -> list[Row]:
+    source_bytes = dataset.video_bytes
+    caches = {
+        tier: ctx.workdir / "frame-tiers" / dataset.name / tier.replace(":", "-") for tier in ("raw", *JPEG_TIERS)
+    }
+    disk = {tier: _warm(ctx, dataset, cache, tier) for tier, cache in caches.items()}
+    servers = {"on demand": EpiserveServer(dataset.root, ctx.scratch(f"p16-{dataset.name}"), ctx.logs, 2, _on_demand())}
+    for tier, cache in caches.items():
+        servers[tier] = EpiserveServer(dataset.root, cache, ctx.logs, 2, {"EPISERVE_VIDEO_FRAME_TIER": tier})
+    started = []
+    try:
+        for server in servers.values():
+            started.append(server.start())
+        loaders = _loaders(dataset, {name: server.url for name, server in servers.items()})
+        samples = min(ctx.scale.p9.samples, dataset.rows - 2 * BATCH)
+        measured = in_rounds(partial(_speed, loaders, samples), list(loaders), ctx.scale.rounds)
+        speed = {key: medians(rounds)[KEY] for key, rounds in measured.items()}
+        wire = {tier: _wire_bytes(servers[tier].url, dataset) for tier in JPEG_TIERS}
+        quality = {tier: _psnr(servers["on demand"].url, servers[tier].url, dataset) for tier in JPEG_TIERS}
+    finally:
+        for server in reversed(started):
+            server.stop()
+        ctx.drop_scratch(f"p16-{dataset.name}")
+    case = f"photo {dataset.height}x{dataset.width}, {dataset.rows:,} frames"
+    target = TARGET_VS_ON_DEMAND.get(dataset.height, 3.0)
+    rows = [
+        Row("P16", f"{case}, raw cache", "x source MP4", disk["raw"] / source_bytes, "source MP4", 1.0, "info"),
+        Row(
+            "P16",
+            f"{case}, raw cache",
+            "samples/s",
+            speed["raw"],
+            "on-demand AV1",
+            speed["on demand"],
+            "info",
+            note=ratio_spread(measured["raw"], measured["on demand"], KEY),
+        ),
+    ]
+    for tier in JPEG_TIERS:
+        ratio = disk[tier] / source_bytes
+        pixels_wire, encoded_wire = wire[tier]
+        rows += [
+            Row("P16", f"{case}, {tier}", "x source MP4", ratio, "source MP4", 1.0, "≤ 6x", ratio <= 6.0),
+            Row(
+                "P16",
+                f"{case}, {tier}",
+                "dB PSNR",
+                quality[tier],
+                "exact frames (40 dB)",
+                40.0,
+                "≥ 40 dB",
+                quality[tier] >= 40,
+            ),
+            Row(
+                "P16",
+                f"{case}, {tier}, server decodes",
+                "samples/s",
+                speed[tier],
+                "on-demand AV1",
+                speed["on demand"],
+                f"≥ {target:g}x",
+                speed[tier] >= target * speed["on demand"],
+                ratio_spread(measured[tier], measured["on demand"], KEY),
+            ),
+            Row(
+                "P16",
+                f"{case}, {tier}, client decodes (frames=encoded)",
+                "samples/s",
+                speed[f"{tier} encoded"],
+                "the server decoding",
+                speed[tier],
+                "≥ 0.8x",
+                speed[f"{tier} encoded"] >= 0.8 * speed[tier],
+                ratio_spread(measured[f"{tier} encoded"], measured[tier], KEY),
+            ),
+            Row(
+                "P16",
+                f"{case}, {tier}, frames=encoded",
+                "wire bytes/frame",
+                encoded_wire,
+                "raw pixels on the wire",
+                pixels_wire,
+                "≤ 0.1x",
+                encoded_wire <= 0.1 * pixels_wire,
+            ),
+        ]
+    return rows
+
+
+def _on_demand() -> dict[str, str]:
+    return {"EPISERVE_VIDEO_CACHE_POLICY": "on-demand"}
+
+
+def _warm(ctx: Context, dataset: CameraDataset, cache: Path, tier: str) -> int:
+    """Build the dataset's frame segments of `tier` into `cache` (once: a later run reuses them); their bytes."""
+    command = [sys.executable, "-m", "app.cli", "warm", dataset.name, "--videos"]
+    command += ["--root", str(dataset.root), "--cache-dir", str(cache)]
+    env = _clean_env({"EPISERVE_VIDEO_FRAME_TIER": tier})
+    with open(ctx.logs / "p16-warm.log", "ab") as log:
+        subprocess.run(command, cwd=app_dir(), env=env, stdout=log, stderr=log, check=True)
+    return sum(path.stat().st_size for path in cache.rglob("frames/*.arrow"))
+
+
+def _loaders(dataset: CameraDataset, urls: dict[str, str]) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    import episerve
+
+    shuffled: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": WORKERS}
+
+    def loader(client: Any) -> Any:
+        dataset_ = episerve.EpisodeDataset(client, dataset.name, columns=COLUMNS)
+        return DataLoader(dataset_, collate_fn=episerve.collate, persistent_workers=False, **shuffled)
+
+    loaders = {"on demand": loader(urls["on demand"]), "raw": loader(urls["raw"])}
+    for tier in JPEG_TIERS:
+        loaders[tier] = loader(urls[tier])
+        loaders[f"{tier} encoded"] = loader(episerve.Client(urls[tier], frames="encoded"))
+    return loaders
+
+
+def _speed(loaders: dict[str, Any], samples: int, key: str) -> dict[str, float]:
+    return {KEY: samples_per_second(loaders[key], samples, BATCH)}
+
+
+def _picked(dataset: CameraDataset, count: int = 64, seed: int = 16) -> list[int]:
+    return np.random.default_rng(seed).choice(dataset.rows, size=count, replace=False).tolist()
+
+
+def _wire_bytes(url: str, dataset: CameraDataset) -> tuple[float, float]:
+    """Bytes per frame of a 64-frame take's answer: as pixels, and encoded."""
+    body = {"indices": _picked(dataset), "columns": [CAMERA]}
+    with httpx.Client(base_url=url, timeout=300) as http:
+        pixels = http.post(f"/datasets/{dataset.name}/rows/take", json=body)
+        encoded = http.post(f"/datasets/{dataset.name}/rows/take", json=body | {"frames": "encoded"})
+    pixels.raise_for_status()
+    encoded.raise_for_status()
+    return len(pixels.content) / len(body["indices"]), len(encoded.content) / len(body["indices"])
+
+
+def _psnr(exact_url: str, tier_url: str, dataset: CameraDataset) -> float:
+    """PSNR of the tier's frames against the exact frames, over 64 random frames."""
+    import episerve
+
+    picked = _picked(dataset, seed=17)
+    frames = []
+    for url in (exact_url, tier_url):
+        with episerve.Client(url) as client:
+            table = client.take(dataset.name, picked, columns=[CAMERA])
+        frames.append(table[CAMERA].combine_chunks().to_numpy_ndarray().astype(np.float64))
+    mse = float(np.mean((frames[0] - frames[1]) ** 2))
+    return float("inf") if mse == 0 else 10 * float(np.log10(255.0**2 / mse))
