@@ -9,17 +9,20 @@ from fastapi import APIRouter, Depends
 from app.api.deps import get_catalog, get_settings
 from app.api.problems import problem_responses
 from app.reads.catalog import Catalog
-from app.reads.mixtures import describe_mixture, load_mixture, mixture_ids
+from app.reads.mixtures import describe_all, describe_mixture, load_mixture
 from app.settings import Settings
 
 router = APIRouter(tags=["mixtures"])
 
 
-@router.get("/mixtures", summary="Named mixtures: ids, components, weights, shares and versions")
+@router.get(
+    "/mixtures",
+    summary="Named mixtures: ids, components, weights, shares and versions",
+    description="Every mixture has a `status`: `valid`, or the problem of that one document (it is then listed "
+    "with its `id` only).",
+)
 def list_mixtures(settings: Settings = Depends(get_settings), catalog: Catalog = Depends(get_catalog)) -> dict:
-    directory = settings.mixtures_dir
-    described = [describe_mixture(catalog, i, load_mixture(directory, i)) for i in mixture_ids(directory)]
-    return {"mixtures": described}
+    return {"mixtures": describe_all(catalog, settings.mixtures_dir)}
 
 
 @router.get(

@@ -9,13 +9,26 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.errors import ProblemError
 from app.reads.catalog import Catalog
 from app.reads.episode_spec import parse_episode_spec, resolve_episodes
 from app.store.mixtures import MixtureDocument, load_mixture, mixture_ids
 
-__all__ = ["describe_mixture", "load_mixture", "mixture_ids"]
+__all__ = ["describe_all", "describe_mixture", "load_mixture", "mixture_ids"]
 
 _MAX_SPEC_CHARS = 1_000_000
+
+
+def describe_all(catalog: Catalog, directory: Any) -> list[dict[str, Any]]:
+    """Every mixture of `directory`, each with its own `status`: `valid` (and its description), or the problem of
+    that one document (an invalid file, a component naming no dataset), so one bad document hides no other."""
+    described = []
+    for mixture_id in mixture_ids(directory):
+        try:
+            described.append(describe_mixture(catalog, mixture_id, load_mixture(directory, mixture_id)))
+        except ProblemError as exc:
+            described.append({"id": mixture_id, "status": exc.detail})
+    return described
 
 
 def describe_mixture(catalog: Catalog, mixture_id: str, document: MixtureDocument) -> dict[str, Any]:
@@ -45,4 +58,4 @@ def describe_mixture(catalog: Catalog, mixture_id: str, document: MixtureDocumen
         described["image_size"] = document.model_dump(mode="json")["image_size"]
         digested = {"components": components, "image_size": described["image_size"]}
     version = hashlib.sha256(orjson.dumps(digested, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-    return {**described, "version": version}
+    return {**described, "version": version, "status": "valid"}

@@ -9,7 +9,6 @@ answered, so a bad take is an error status, never a stream cut short.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -68,7 +67,8 @@ def naming(number: int, take: DatasetTake) -> Iterator[None]:
     try:
         yield
     except ProblemError as exc:
-        named = copy.copy(exc)
-        named.detail = f"takes[{number}] (dataset {take.dataset!r}): {exc.detail}"
-        named.args = (named.detail,)
-        raise named from exc
+        # Named in place: a copy would rebuild the problem from its detail alone, which `OverLimit` (its limit)
+        # and other problems with more arguments cannot be.
+        exc.detail = f"takes[{number}] (dataset {take.dataset!r}): {exc.detail}"
+        exc.args = (exc.detail,)
+        raise

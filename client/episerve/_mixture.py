@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from episerve._documents import read_document
 from episerve._episodes import episode_spec
 from episerve._errors import EpiserveError
 from episerve._selection import ImageSize, Size, parse_image_size
@@ -130,15 +131,11 @@ class Mixture:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Mixture:
         """A mixture from a JSON file, or a YAML file (`.yaml`/`.yml`, needs PyYAML)."""
-        path = Path(path)
-        text = path.read_text(encoding="utf-8")
-        if path.suffix.lower() in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError as exc:
-                raise ImportError(f"reading {path} needs PyYAML: pip install 'episerve[yaml]'") from exc
-            return cls.from_dict(yaml.safe_load(text))
-        return cls.from_dict(json.loads(text))
+        try:
+            document = read_document(Path(path))
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
+            raise MixtureError(f"{Path(path).name} is not a valid mixture document: {exc}") from None
+        return cls.from_dict(document)
 
     @classmethod
     def named(cls, client: Any, mixture_id: str) -> Mixture:
