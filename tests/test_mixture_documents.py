@@ -2,7 +2,7 @@
 100k deep, a Python-object tag and a YAML syntax error are each a quick problem without a traceback; a symlink out of
 the mixtures directory is never read; one bad document does not hide the others from `GET /mixtures`; no answer
 quotes a document's content. The client's `Mixture.from_file` holds the same limits. And an over-limit take in
-`POST /takes` is a 413 naming the take."""
+`POST /takes` is a 413 naming the take, and so are takes whose frames together pass the frame limit."""
 
 from __future__ import annotations
 
@@ -121,3 +121,8 @@ def test_an_over_limit_take_in_takes_is_a_413_naming_it(video_root: Path, tmp_pa
         answer = http.post("/takes", json={"takes": takes})
         assert_problem(answer, 413, "takes[1] (dataset 'cams-v3')")
         assert http.get("/healthz").status_code == 200  # the connection and the server are fine
+        # Each within the limit, together over it: the limit bounds the whole answer.
+        within = {"dataset": "cams-v3", "indices": list(range(6)), "columns": [TOP_CAMERA]}
+        assert http.post("/takes", json={"takes": [within]}).status_code == 200
+        answer = http.post("/takes", json={"takes": [within, within]})
+        assert_problem(answer, 413, "the 2 takes' camera frames are 221184 bytes", "EPISERVE_MAX_FRAME_BYTES")

@@ -31,6 +31,7 @@ class TakesRead:
             )
         self.takes = request.takes
         self.inline_read_bytes = settings.inline_read_bytes
+        self.max_frame_bytes = settings.max_frame_bytes
         self.reads: list[TakeRead] = []
         for number, take in enumerate(request.takes):
             with naming(number, take):
@@ -48,6 +49,7 @@ class TakesRead:
             copied += read.inline_bytes
             if copied > self.inline_read_bytes:
                 return False
+        self._check_frame_bytes()
         return True
 
     def check(self) -> None:
@@ -55,6 +57,18 @@ class TakesRead:
         for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
             with naming(number, take):
                 read.check()
+        self._check_frame_bytes()
+
+    def _check_frame_bytes(self) -> None:
+        """A 413 when the takes' camera frames together hold more than `max_frame_bytes`: the limit bounds an
+        answer, and a thousand takes each within it are not."""
+        frame_bytes = sum(read.frame_bytes for read in self.reads)
+        if frame_bytes > self.max_frame_bytes:
+            raise OverLimit(
+                f"the {len(self.reads)} takes' camera frames are {frame_bytes} bytes decoded; the limit is "
+                f"{self.max_frame_bytes} bytes per response (EPISERVE_MAX_FRAME_BYTES)",
+                self.max_frame_bytes,
+            )
 
     def view_rows(self) -> list[int]:
         """Rows in each take's view (after `quick` or `check`)."""

@@ -109,6 +109,11 @@ class RowRead:
         return self._plan.read.inline_bytes if self._plan is not None else 0
 
     @property
+    def frame_bytes(self) -> int:
+        """Bytes of the camera frames the read answers decoded, once `quick()` or `check()` has prepared it."""
+        return getattr(self._plan, "frame_bytes", 0)
+
+    @property
     def view_rows(self) -> int:
         """Rows in the read's view, once `quick()` or `check()` has prepared it."""
         assert self._plan is not None, "quick() or check() first"
@@ -200,10 +205,10 @@ class _Prepared:
         windowed = self.spec.offsets if self.spec is not None else {}
         return tuple(n for n in self.names or () if n in self.read.cameras and n not in windowed)
 
-    def check_size(self, rows: int) -> None:
-        """Problems for windows or camera frames of `rows` rows beyond the limits."""
+    def check_size(self, rows: int) -> int:
+        """Problems for windows or camera frames of `rows` rows beyond the limits; the bytes of their frames."""
         _check_window_size(self.read.dataset, rows, self.spec)
-        _check_frame_bytes(self.read.dataset, self.read.cameras, rows, self.names, self.spec)
+        return _check_frame_bytes(self.read.dataset, self.read.cameras, rows, self.names, self.spec)
 
 
 def _prepared(dataset: Dataset, index: EpisodeIndex, ranges: EpisodeRanges | None, request: RowSelection) -> _Prepared:
@@ -316,7 +321,7 @@ class _TakePlan(_Plan):
         if len(bad):
             shown = ", ".join(map(str, bad[:10].tolist()))
             raise InvalidInput(f"indices out of range [0, {total}): {shown}")
-        prepared.check_size(len(self.rows))
+        self.frame_bytes = prepared.check_size(len(self.rows))
 
     def decide(self) -> bool:
         """Quick when no camera is windowed (decoded off the event loop) and its rows, their windows and frames
@@ -421,9 +426,10 @@ def _check_window_size(dataset: Dataset, rows: int, spec: WindowSpec | None) -> 
 
 def _check_frame_bytes(
     dataset: Dataset, cameras: dict[str, VideoFeature], rows: int, names: list[str] | None, spec: WindowSpec | None
-) -> None:
+) -> int:
     """A 413 stating how many rows fit when the camera frames asked for (at the sizes asked, a window's frames
-    each counting) would hold more than `max_frame_bytes`: decoded frames are built in memory, unlike stored rows."""
+    each counting) would hold more than `max_frame_bytes`: decoded frames are built in memory, unlike stored rows.
+    The bytes of those frames otherwise."""
     windowed = spec.offsets if spec is not None else {}
     frames_per_row = {key: len(windowed[key]) if key in windowed else 1 for key in cameras}
     per_row = sum(
@@ -439,6 +445,7 @@ def _check_frame_bytes(
             f"response ({fit} rows; EPISERVE_MAX_FRAME_BYTES)",
             fit,
         )
+    return rows * per_row
 
 
 def _stored_columns(dataset: Dataset, names: list[str] | None) -> list[str] | None:
