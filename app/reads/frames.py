@@ -134,21 +134,15 @@ def video_files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list
 
 
 def gather_pictures(
-    out: np.ndarray, positions: np.ndarray, pictures: list[np.ndarray], batch_of: np.ndarray, row_in_batch: np.ndarray
+    out: np.ndarray, positions: np.ndarray, pictures: list[Pictures], batch_of: np.ndarray, row_in_batch: np.ndarray
 ) -> None:
-    """`out[positions[i]] = pictures[batch_of[i]][row_in_batch[i]]`. Large frames are copied one by one, straight
-    into place (a vectorised scatter would first gather them into a temporary, a second copy of every byte); small
-    ones by one vectorised copy per batch."""
-    if out[0].nbytes >= _ONE_BY_ONE_BYTES:
-        for position, batch, row in zip(positions.tolist(), batch_of.tolist(), row_in_batch.tolist(), strict=True):
-            out[position] = pictures[batch][row]
+    """`out[positions[i]] = pictures[batch_of[i]][row_in_batch[i]]`, batch by batch, each frame written straight
+    into place (copied from the map, or decoded, as the tier keeps it)."""
+    if len(positions) == 0:
         return
     for batch in np.unique(batch_of).tolist():
         chosen = batch_of == batch
-        out[positions[chosen]] = pictures[batch][row_in_batch[chosen]]
-
-
-_ONE_BY_ONE_BYTES = 32 * 1024
+        pictures[batch].copy_into(out, positions[chosen], row_in_batch[chosen])
 
 
 def places_of(positions: np.ndarray, picks: np.ndarray, count: int) -> list[np.ndarray]:
@@ -160,7 +154,7 @@ def places_of(positions: np.ndarray, picks: np.ndarray, count: int) -> list[np.n
 
 def nearest_pictures(
     segment: Segment, times: np.ndarray, feature: VideoFeature
-) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[list[Pictures], np.ndarray, np.ndarray, np.ndarray]:
     """For each of `times`, where the segment's nearest frame is (its batch's frames as views of the memory map,
     the batch and row of each) and its presentation time."""
     pictures = remembered(segment, FRAME, lambda: _pixel_views(segment, feature))

@@ -32,10 +32,13 @@ DEFAULT_WIRE_QUALITY = 95  # what a raw-tier camera is encoded at when a client 
 
 
 class Pictures(Protocol):
-    """One segment batch's frames: `pictures[row]` is frame `row` as a (H, W, C) uint8 array, `pictures[rows]`
-    (an integer array) those frames stacked."""
+    """One segment batch's frames: `pictures[row]` is frame `row` as a (H, W, C) uint8 array."""
 
-    def __getitem__(self, rows: Any) -> np.ndarray: ...
+    def __getitem__(self, row: int) -> np.ndarray: ...
+
+    def copy_into(self, out: np.ndarray, positions: np.ndarray, rows: np.ndarray) -> None:
+        """`out[positions[i]] = self[rows[i]]`, each frame written straight into place."""
+        ...
 
 
 class FrameTier(Protocol):
@@ -87,7 +90,7 @@ class RawTier:
     def pictures(self, frames: pa.Array, feature: VideoFeature) -> Pictures:
         shape = (feature.height, feature.width, feature.channels)
         values = frames.values.to_numpy(zero_copy_only=True)[frames.offset * frames.type.list_size :]
-        return values[: len(frames) * frames.type.list_size].reshape(len(frames), *shape)
+        return _MappedPixels(values[: len(frames) * frames.type.list_size].reshape(len(frames), *shape))
 
     def as_kept(self, frames: np.ndarray, positions: np.ndarray) -> None:
         return None
@@ -146,7 +149,7 @@ class JpegTier:
     def as_kept(self, frames: np.ndarray, positions: np.ndarray) -> None:
         shape = frames.shape[1:]
         for position in np.unique(positions).tolist():
-            frames[position] = decode_jpeg(self.encode(frames[position]), shape)
+            decode_jpeg(self.encode(frames[position]), shape, into=frames[position])
 
     def describe(self) -> dict[str, Any]:
         return {"tier": self.name, "lossy": True, "quality": self.quality, "chroma_subsampling": self.subsampling}
@@ -155,14 +158,38 @@ class JpegTier:
         return f"{self.name}:{self.quality}:{self.subsampling}"
 
 
-def decode_jpeg(data: bytes | pa.Buffer, shape: tuple[int, int, int]) -> np.ndarray:
-    """One JPEG as a (H, W, 3) uint8 array; a problem when it does not hold a frame of `shape`."""
+def decode_jpeg(data: bytes | pa.Buffer, shape: tuple[int, ...], into: np.ndarray | None = None) -> np.ndarray:
+    """One JPEG as a (H, W, 3) uint8 array (written into `into` if given); a problem when it does not hold a frame
+    of `shape`."""
     import simplejpeg
 
-    image = simplejpeg.decode_jpeg(np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False)
+    data = np.frombuffer(data, np.uint8)
+    image = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, buffer=into)
     if image.shape != shape:
         raise ValueError(f"an encoded frame is {image.shape}, the camera's frames are {shape}")
     return image
+
+
+class _MappedPixels:
+    """A raw segment batch's frames: (n, H, W, C) uint8 views of the memory map."""
+
+    def __init__(self, views: np.ndarray) -> None:
+        self._views = views
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        return self._views[row]
+
+    def copy_into(self, out: np.ndarray, positions: np.ndarray, rows: np.ndarray) -> None:
+        # Large frames one by one, straight into place (a vectorised scatter would first gather them into a
+        # temporary, a second copy of every byte); small ones by one vectorised copy.
+        if out[0].nbytes >= _ONE_BY_ONE_BYTES:
+            for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
+                out[position] = self._views[row]
+        else:
+            out[positions] = self._views[rows]
+
+
+_ONE_BY_ONE_BYTES = 32 * 1024
 
 
 class _DecodedOnRead:
@@ -171,14 +198,13 @@ class _DecodedOnRead:
     def __init__(self, frames: pa.Array, shape: tuple[int, int, int]) -> None:
         self._frames, self._shape = frames, shape
 
-    def __getitem__(self, rows: Any) -> np.ndarray:
-        if isinstance(rows, (int, np.integer)):
-            return decode_jpeg(self._frames[int(rows)].as_buffer(), self._shape)
-        picked = np.asarray(rows, dtype=np.int64)
-        out = np.empty((len(picked), *self._shape), dtype=np.uint8)
-        for position, row in enumerate(picked.tolist()):
-            out[position] = decode_jpeg(self._frames[row].as_buffer(), self._shape)
-        return out
+    def __getitem__(self, row: int) -> np.ndarray:
+        return decode_jpeg(self._frames[int(row)].as_buffer(), self._shape)
+
+    def copy_into(self, out: np.ndarray, positions: np.ndarray, rows: np.ndarray) -> None:
+        # Decoded straight into place: a fresh array per frame costs more than the decode on first touch.
+        for position, row in zip(positions.tolist(), rows.tolist(), strict=True):
+            decode_jpeg(self._frames[row].as_buffer(), self._shape, into=out[position])
 
 
 RAW = RawTier()
