@@ -5,6 +5,10 @@ sends JPEG bytes the client decodes to the same pixels, through a DataLoader wit
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -14,7 +18,12 @@ import pyarrow as pa
 import pytest
 import simplejpeg
 
+from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
+from app.reads.frames import video_files_needed
+from app.settings import Settings
+from app.sources.video import frame_schema
+from app.store.catalog import Catalog
 from tests.support import ServerProcess, eventually, read_stream
 from tests.video_oracle import frames_for_rows
 
@@ -198,3 +207,70 @@ def test_the_client_decodes_encoded_frames_in_dataloader_workers(jpeg_server: Se
     )
     with pytest.raises(ValueError, match="frames must be one of"):
         episerve.Client(jpeg_server.url, frames="png")
+
+
+def test_a_tier_switch_on_a_warm_cache_serves_the_new_tier_never_the_old_frames(
+    video_root: Path, tmp_path: Path
+) -> None:
+    root, cache = video_root / "cams-v21", tmp_path / "cache"
+    body = {"episodes": [4], "indices": [0, 5, 9, 2], "columns": [*ROWS, TOP_CAMERA]}
+    settings = [("raw", None), (f"jpeg:{QUALITY}", QUALITY), ("jpeg:100:444", 100), ("raw", None)]
+    sizes: list[int] = []
+
+    def rebuilt() -> bool:  # the segment of the tier now set is published (its size differs from the last tier's)
+        now = list(frame_segment_bytes(cache).values())
+        return len(now) == 1 and (not sizes or now[0] != sizes[-1])
+
+    for tier, quality in settings:
+        env = {"EPISERVE_VIDEO_FRAME_TIER": tier}
+        with ServerProcess([video_root], cache, env=env) as server, server.client() as http:
+            for _ in ("first read", "from the segment built for it"):
+                table = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content)
+                reference = exact(root, TOP_CAMERA, table)
+                subsampling = "444" if quality == 100 else "420"
+                wanted = reference if quality is None else jpeg_round_trip(reference, quality, subsampling)
+                assert np.array_equal(pixels(table, TOP_CAMERA), wanted), tier
+                eventually(rebuilt, 60)
+            sizes.append(next(iter(frame_segment_bytes(cache).values())))
+    raw, jpeg90, jpeg100, raw_again = sizes
+    assert jpeg90 < jpeg100 < raw == raw_again
+
+
+def _build_jpeg_frames(root: str, cache: str) -> None:
+    """In a fresh process: read every frame of the one video file of `long`, which builds its JPEG segment."""
+    settings = Settings(
+        roots=[Path(root)], cache_dir=Path(cache), build_batch_bytes=64 * 1024, video_frame_tier="jpeg:90"
+    )
+    dataset = Catalog(settings, [Path(root)]).get("long")
+    rel = next(iter(video_files_needed(dataset, None)))[0]
+    dataset.frames.build_now(rel, frame_schema(dataset.source().info.videos[TOP_CAMERA]))
+
+
+def test_sigkill_during_a_jpeg_segment_build_leaves_nothing_that_is_served(tmp_path: Path) -> None:
+    write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=12, seed=5, video_files=1)
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(5):
+        cache = tmp_path / f"cache-{attempt}"
+        process = context.Process(target=_build_jpeg_frames, args=(str(tmp_path / "data"), str(cache)))
+        process.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.is_alive():
+            partial = list(cache.rglob("frames/*.arrow.tmp"))
+            if partial and partial[0].exists() and partial[0].stat().st_size > 20_000:
+                break
+            time.sleep(0.001)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        if list(cache.rglob("frames/*.arrow.tmp")) and not list(cache.rglob("frames/*.json")):
+            break
+    else:
+        pytest.fail("could not kill the builder mid-build in 5 attempts")
+    env = {"EPISERVE_VIDEO_FRAME_TIER": "jpeg:90"}
+    with ServerProcess([tmp_path / "data"], cache, env=env) as server, server.client() as http:
+        body = {"indices": [0, 300, 17, 900], "columns": [*ROWS, TOP_CAMERA]}
+        for _ in ("decoded on demand", "from the rebuilt segment"):
+            table = read_stream(http.post("/datasets/long/rows/take", json=body).content)
+            reference = exact(tmp_path / "data" / "long", TOP_CAMERA, table)
+            assert np.array_equal(pixels(table, TOP_CAMERA), jpeg_round_trip(reference))
+            eventually(lambda: len(frame_segment_bytes(cache)) == 1, 120)
+    assert list(cache.rglob("*.tmp")) == []
