@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 import simplejpeg
 
+import episerve
 from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from app.reads.frames import video_files_needed
@@ -187,8 +188,6 @@ def test_the_client_decodes_encoded_frames_in_dataloader_workers(jpeg_server: Se
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    import episerve
-
     columns = ["episode_index", "frame_index", TOP_CAMERA]
     with episerve.Client(jpeg_server.url) as client:
         expected = client.take("cams-v3", list(range(64)), episodes="0-8", columns=columns)
@@ -274,3 +273,22 @@ def test_sigkill_during_a_jpeg_segment_build_leaves_nothing_that_is_served(tmp_p
             assert np.array_equal(pixels(table, TOP_CAMERA), jpeg_round_trip(reference))
             eventually(lambda: len(frame_segment_bytes(cache)) == 1, 120)
     assert list(cache.rglob("*.tmp")) == []
+
+
+def test_a_client_on_the_same_machine_reads_jpeg_segments_by_reference(jpeg_server: ServerProcess) -> None:
+    columns = [*ROWS, TOP_CAMERA]
+    with httpx.Client(base_url=jpeg_server.url, timeout=120) as http:
+        params = {"episodes": "0-8", "columns": ",".join(columns)}
+        assert http.get("/datasets/cams-v3/rows", params=params).status_code == 200  # every file touched: built
+        eventually(lambda: len(frame_segment_bytes(jpeg_server.cache_dir)) >= 3, 120)
+        referenced = http.post("/datasets/cams-v3/rows/take", json=TAKE | {"columns": columns, "frames": "references"})
+        field = read_stream(referenced.content).schema.field(TOP_CAMERA)
+        assert orjson.loads(field.metadata[b"episerve.frames"])["encoding"] == "jpeg"
+    indices = [0, 40, 3, 41, 1, 0, 12]
+    with episerve.Client(jpeg_server.url) as remote:
+        expected = remote.take("cams-v3", indices, [7, 2], columns)
+    local = episerve.Client(jpeg_server.url, cache_dir=jpeg_server.cache_dir)
+    pages = local.read_take(episerve.Selection.of("cams-v3", [7, 2], columns), indices)
+    assert pages.table.equals(expected)
+    assert local.local_frames is not None and local.local_frames._misses == 0  # read by reference, no fallback
+    local.close()

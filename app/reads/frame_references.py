@@ -39,6 +39,8 @@ def reference_column(
         "shape": [feature.height, feature.width, feature.channels],
         "segments": [_described(segment, cache_root) for segment in segments],
     }
+    if feature.tier.decodes:  # the segments keep encoded images: the client decodes them
+        described["encoding"] = feature.tier.name
     return pa.field(feature.key, REFERENCE_TYPE, metadata={METADATA_KEY: orjson.dumps(described)}), column
 
 

@@ -308,7 +308,7 @@ class ViewRead:
         """The camera column of `feature` for the `located` rows as references into decoded-frame segments
         (field and column), checked against the tolerance like pixels are; None if some frame is not in a built
         segment, or the read asks for the camera at another size than the segments hold (send pixels)."""
-        if feature.key in self.options.resized or feature.tier.decodes:
+        if feature.key in self.options.resized:
             return None
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
         segments = []

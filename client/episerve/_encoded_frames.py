@@ -36,25 +36,29 @@ def decoded_frames(table: pa.Table) -> pa.Table:
 
 def _decoded_column(field: pa.Field, column: pa.ChunkedArray) -> pa.Array:
     encoding = field.metadata[ENCODING_KEY].decode()
+    return decode_frames(field.name, encoding, tuple(json.loads(field.metadata[SHAPE_KEY])), column)
+
+
+def decode_frames(name: str, encoding: str, shape: tuple[int, ...], column: pa.ChunkedArray) -> pa.Array:
+    """Camera `name`'s encoded frames (a binary column) as a uint8 (H, W, C) tensor column of `shape`."""
     if encoding != "jpeg":
-        raise EpiserveError(f"camera {field.name!r} came encoded as {encoding!r}; this client decodes jpeg only")
+        raise EpiserveError(f"camera {name!r} came encoded as {encoding!r}; this client decodes jpeg only")
     try:
         import simplejpeg
     except ImportError as exc:
-        raise ImportError(f"frames='encoded' needs simplejpeg: {install_hint('jpeg')}") from exc
-    shape = tuple(json.loads(field.metadata[SHAPE_KEY]))
+        raise ImportError(f"encoded camera frames need simplejpeg: {install_hint('jpeg')}") from exc
     frames = np.empty((len(column), *shape), dtype=np.uint8)
     row = 0
     for chunk in column.chunks:
         for value in chunk:
             data = value.as_buffer()
             if data is None:
-                raise EpiserveError(f"camera {field.name!r}: row {row} came without a frame")
+                raise EpiserveError(f"camera {name!r}: row {row} came without a frame")
             image = simplejpeg.decode_jpeg(
                 np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False, buffer=frames[row]
             )
             if image.shape != shape:
-                raise EpiserveError(f"camera {field.name!r}: row {row} is a {image.shape} frame, not {shape}")
+                raise EpiserveError(f"camera {name!r}: row {row} is a {image.shape} frame, not {shape}")
             row += 1
     kind = pa.fixed_shape_tensor(pa.uint8(), list(shape))
     values = pa.Array.from_buffers(pa.uint8(), frames.size, [None, pa.py_buffer(frames)])

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from episerve._encoded_frames import decode_frames
 from episerve._numpy import fixed_width
 
 METADATA_KEY = b"episerve.frames"  # names the description of a column of references in its field metadata
@@ -80,7 +81,7 @@ class LocalFrames:
         self._drop_unlinked()
         for number, field in enumerate(table.schema):
             if field.metadata and METADATA_KEY in field.metadata:
-                frames = self._frames(json.loads(field.metadata[METADATA_KEY]), table.column(number))
+                frames = self._frames(field.name, json.loads(field.metadata[METADATA_KEY]), table.column(number))
                 table = table.set_column(number, pa.field(field.name, frames.type), frames)
         self._misses = 0
         return table
@@ -111,20 +112,25 @@ class LocalFrames:
                 if segment.unlinked():
                     del self._open[key]
 
-    def _frames(self, described: dict[str, Any], column: pa.ChunkedArray) -> pa.ChunkedArray:
+    def _frames(self, name: str, described: dict[str, Any], column: pa.ChunkedArray) -> pa.ChunkedArray:
         shape = [int(n) for n in described["shape"]]
         kind = pa.fixed_shape_tensor(pa.uint8(), shape)
-        segments = [self._segment(entry, kind) for entry in described["segments"]]
+        encoding = described.get("encoding")  # segments of encoded images (a JPEG tier), decoded here
+        stored = pa.binary() if encoding is not None else kind
+        segments = [self._segment(entry, stored) for entry in described["segments"]]
         references = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         segment_of = fixed_width(references.field(0), np.dtype(np.int32))
         row_of = fixed_width(references.field(1), np.dtype(np.int64))
         if len(segment_of) and (segment_of.min() < 0 or segment_of.max() >= len(segments)):
             raise FramesUnavailable("a reference names a segment the answer does not list")
-        return pa.chunked_array(_runs(segments, segment_of, row_of), type=kind)
+        runs = pa.chunked_array(_runs(segments, segment_of, row_of), type=stored)
+        if encoding is None:
+            return runs
+        return pa.chunked_array([decode_frames(name, encoding, tuple(shape), runs)], type=kind)
 
-    def _segment(self, entry: dict[str, Any], kind: pa.FixedShapeTensorType) -> _MappedSegment:
+    def _segment(self, entry: dict[str, Any], kind: pa.DataType) -> _MappedSegment:
         path = self.cache_dir / entry["path"]
-        key = (str(path), entry["bytes"], entry["inode"], entry["mtime_ns"], tuple(kind.shape))
+        key = (str(path), entry["bytes"], entry["inode"], entry["mtime_ns"], str(kind))
         with self._lock:
             segment = self._open.get(key)
             if segment is not None and segment.intact():
@@ -191,9 +197,10 @@ def _regular_file(descriptor: int, relative: PurePosixPath) -> int:
 
 
 class _MappedSegment:
-    """One decoded-frame segment file, mapped read-only: its frames per record batch as tensor arrays."""
+    """One decoded-frame segment file, mapped read-only: its frames per record batch as tensor arrays (`kind`, a
+    fixed-shape tensor type), or as the encoded images a JPEG tier keeps (`kind` binary)."""
 
-    def __init__(self, path: Path, entry: dict[str, Any], kind: pa.FixedShapeTensorType, descriptor: int) -> None:
+    def __init__(self, path: Path, entry: dict[str, Any], kind: pa.DataType, descriptor: int) -> None:
         try:
             stat = os.fstat(descriptor)
             if (stat.st_size, stat.st_ino, stat.st_mtime_ns) != (entry["bytes"], entry["inode"], entry["mtime_ns"]):
@@ -211,12 +218,16 @@ class _MappedSegment:
         try:
             reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
             column = reader.schema.get_field_index(_FRAME)
-            if column < 0 or reader.schema.field(column).type != kind.storage_type:
-                raise FramesUnavailable(f"{path} holds no frames of shape {list(kind.shape)}")
+            stored = kind.storage_type if isinstance(kind, pa.FixedShapeTensorType) else kind
+            if column < 0 or reader.schema.field(column).type != stored:
+                raise FramesUnavailable(f"{path} holds no frames of type {kind}")
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         except pa.ArrowException as exc:
             raise FramesUnavailable(f"{path} is not a decoded-frame segment: {exc}") from exc
-        self.tensors = [pa.ExtensionArray.from_storage(kind, batch.column(column)) for batch in batches]
+        columns = [batch.column(column) for batch in batches]
+        if isinstance(kind, pa.FixedShapeTensorType):
+            columns = [pa.ExtensionArray.from_storage(kind, frames) for frames in columns]
+        self.tensors = columns
         self.offsets = np.cumsum([0, *(batch.num_rows for batch in batches)])
 
     def unlinked(self) -> bool:
