@@ -219,3 +219,27 @@ def rss_anon_with_children(pid: int) -> int:
             return total + sum(rss_anon_with_children(int(child)) for child in children.read().split())
     except (FileNotFoundError, ProcessLookupError):
         return total
+
+
+def killed_mid_frame_build(build: Callable[[str], object], caches: Path, partial_bytes: int, attempts: int = 5) -> Path:
+    """A cache directory whose frame-segment build was killed with SIGKILL midway: `build(cache)` runs in a fresh
+    (spawned) process and is killed once its segment's temporary file holds `partial_bytes`; tried in
+    `caches/cache-<n>` until a kill leaves a partial file and nothing published."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(attempts):
+        cache = caches / f"cache-{attempt}"
+        process = context.Process(target=build, args=(str(cache),))
+        process.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.is_alive():
+            partial = list(cache.rglob("frames/*.arrow.tmp"))
+            if partial and partial[0].exists() and partial[0].stat().st_size > partial_bytes:
+                break
+            time.sleep(0.001)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        if list(cache.rglob("frames/*.arrow.tmp")) and not list(cache.rglob("frames/*.json")):
+            return cache
+    raise AssertionError(f"could not kill the builder mid-build in {attempts} attempts")

@@ -5,10 +5,7 @@ sends JPEG bytes the client decodes to the same pixels, through a DataLoader wit
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
-import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -25,7 +22,7 @@ from app.reads.frames import video_files_needed
 from app.settings import Settings
 from app.sources.video import frame_schema
 from app.store.catalog import Catalog
-from tests.support import ServerProcess, eventually, read_stream
+from tests.support import ServerProcess, eventually, killed_mid_frame_build, read_stream
 from tests.video_oracle import frames_for_rows
 
 ROWS = ["episode_index", "frame_index"]
@@ -247,23 +244,7 @@ def _build_jpeg_frames(root: str, cache: str) -> None:
 
 def test_sigkill_during_a_jpeg_segment_build_leaves_nothing_that_is_served(tmp_path: Path) -> None:
     write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=12, seed=5, video_files=1)
-    context = multiprocessing.get_context("spawn")
-    for attempt in range(5):
-        cache = tmp_path / f"cache-{attempt}"
-        process = context.Process(target=_build_jpeg_frames, args=(str(tmp_path / "data"), str(cache)))
-        process.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and process.is_alive():
-            partial = list(cache.rglob("frames/*.arrow.tmp"))
-            if partial and partial[0].exists() and partial[0].stat().st_size > 20_000:
-                break
-            time.sleep(0.001)
-        os.kill(process.pid, signal.SIGKILL)
-        process.join()
-        if list(cache.rglob("frames/*.arrow.tmp")) and not list(cache.rglob("frames/*.json")):
-            break
-    else:
-        pytest.fail("could not kill the builder mid-build in 5 attempts")
+    cache = killed_mid_frame_build(partial(_build_jpeg_frames, str(tmp_path / "data")), tmp_path, 20_000)
     env = {"EPISERVE_VIDEO_FRAME_TIER": "jpeg:90"}
     with ServerProcess([tmp_path / "data"], cache, env=env) as server, server.client() as http:
         body = {"indices": [0, 300, 17, 900], "columns": [*ROWS, TOP_CAMERA]}

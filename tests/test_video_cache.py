@@ -7,12 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
-import os
 import shutil
-import signal
 import threading
 import time
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -31,7 +30,7 @@ from app.sources.source import DatasetPath, VideoFeature
 from app.sources.video import decode_nearest_into, frame_schema, video_features
 from app.store.catalog import Catalog
 from tests.direct_reads import take
-from tests.support import ServerProcess, eventually, read_stream
+from tests.support import ServerProcess, eventually, killed_mid_frame_build, read_stream
 from tests.test_operations import metric, run_cli
 from tests.video_oracle import decode_video, episode_video, frames_for_rows
 
@@ -236,6 +235,10 @@ def _build_frames_of(root: str, cache: str, rel: str, barrier: object | None) ->
     return dataset.frames.builds, hashlib.sha256(served(taken, TOP_CAMERA).tobytes()).hexdigest()
 
 
+def _build_frames_of_into(root: str, rel: str, cache: str) -> tuple[int, str]:
+    return _build_frames_of(root, cache, rel, None)
+
+
 def _the_video(root: Path) -> str:
     return episode_video(root / "long", TOP_CAMERA, 0).path.relative_to(root / "long").as_posix()
 
@@ -243,24 +246,9 @@ def _the_video(root: Path) -> str:
 def test_sigkill_during_a_frame_segment_build_leaves_nothing_that_is_served(
     long_video_root: Path, tmp_path: Path
 ) -> None:
-    context = multiprocessing.get_context("spawn")
     rel = _the_video(long_video_root)
-    for attempt in range(5):
-        cache = tmp_path / f"cache-{attempt}"
-        process = context.Process(target=_build_frames_of, args=(str(long_video_root), str(cache), rel, None))
-        process.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and process.is_alive():
-            tmp = list(cache.rglob("frames/*.arrow.tmp"))
-            if tmp and tmp[0].exists() and tmp[0].stat().st_size > 200_000:
-                break
-            time.sleep(0.001)
-        os.kill(process.pid, signal.SIGKILL)
-        process.join()
-        if list(cache.rglob("frames/*.arrow.tmp")) and not list(cache.rglob("frames/*.json")):
-            break
-    else:
-        pytest.fail("could not kill the builder mid-build in 5 attempts")
+    build = partial(_build_frames_of_into, str(long_video_root), rel)
+    cache = killed_mid_frame_build(build, tmp_path, 200_000)
 
     with ServerProcess([long_video_root], cache) as server, httpx.Client(base_url=server.url, timeout=120) as http:
         body = {"episodes": "0-23", "indices": [0, 500, 17, 1500], "columns": [*ROWS, TOP_CAMERA]}
