@@ -175,7 +175,8 @@ def _pixel_views(segment: Segment, feature: VideoFeature) -> list[Pictures]:
     """Each batch's frames as pixels: (n, H, W, C) uint8 views of the memory map for raw frames, decoded when read
     for encoded ones (the camera's tier says)."""
     return [
-        feature.tier.pictures(batch.column(batch.schema.get_field_index(FRAME)), feature) for batch in segment.batches
+        feature.tier.pictures(batch.column(batch.schema.get_field_index(FRAME)), feature.shape)
+        for batch in segment.batches
     ]
 
 

@@ -341,7 +341,7 @@ class ViewRead:
         against the tolerance like pixels are: the bytes as the encoded tier keeps them where its segments are
         built, else the frames read as pixels and encoded here."""
         wire = wire_encoding(feature.tier)
-        field_ = wire.field(feature.key, feature)
+        field_ = wire.field(feature.key, feature.shape)
         if feature.tier.decodes and feature.key not in self.options.resized:
             kept = self._kept_encoded(feature, located)
             if kept is not None:
@@ -400,7 +400,7 @@ class ViewRead:
                 if located is None:
                     feature = cameras[key]
                     table = table.append_column(
-                        wire_encoding(feature.tier).field(key, feature), pa.array([], pa.binary())
+                        wire_encoding(feature.tier).field(key, feature.shape), pa.array([], pa.binary())
                     )
                 else:
                     table = table.append_column(*self.encoded_frame_column(cameras[key], located))

@@ -6,23 +6,22 @@
   size, a binary column: a random access is one decode, the disk 4-6x the MP4s at quality 90-95. Lossy: the
   quality setting is stated wherever frames are described, and raw stays the default.
 
-A tier is a small frozen value carried by the camera (`VideoFeature.tier`), so every piece of the read path asks the
-camera's tier instead of branching on it: the segment schema, the batches a build writes, the pictures a read gathers,
-and the encoded bytes a `frames=encoded` answer sends.
+A tier is a small frozen value each camera carries (`VideoFeature.tier` in `app.sources.source`), so every piece
+of the read path asks the camera's tier instead of branching on it: the segment schema, the batches a build writes,
+the pictures a read gathers, and how a `frames=encoded` answer encodes. A tier knows frames by their shape only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
 import pyarrow as pa
 
-if TYPE_CHECKING:
-    from app.sources.source import VideoFeature
+Shape = tuple[int, int, int]  # a frame's (height, width, channels)
 
 PTS, FRAME = "pts", "frame"
 # Field metadata of an encoded camera column (in segments, and on the wire with `frames=encoded`).
@@ -47,15 +46,15 @@ class FrameTier(Protocol):
     name: str
     decodes: bool  # reading pixels costs a decode per frame (not a view of the map)
 
-    def schema(self, feature: VideoFeature) -> pa.Schema:
-        """A segment of this tier: each frame's presentation time and its frame."""
+    def schema(self, shape: Shape) -> pa.Schema:
+        """A segment of this tier's frames of `shape`: each frame's presentation time and its frame."""
         ...
 
     def batch(self, schema: pa.Schema, times: Sequence[float], images: np.ndarray) -> pa.RecordBatch:
         """Decoded frames `images` (n, H, W, C uint8) at presentation `times`, as a batch of this tier's segment."""
         ...
 
-    def pictures(self, frames: pa.Array, feature: VideoFeature) -> Pictures:
+    def pictures(self, frames: pa.Array, shape: Shape) -> Pictures:
         """The frames of one segment batch (its frame column), readable as pixels."""
         ...
 
@@ -76,10 +75,9 @@ class RawTier:
     name: str = "raw"
     decodes: bool = False
 
-    def schema(self, feature: VideoFeature) -> pa.Schema:
-        shape = [feature.height, feature.width, feature.channels]
+    def schema(self, shape: Shape) -> pa.Schema:
         pixels = pa.list_(pa.uint8(), shape[0] * shape[1] * shape[2])
-        frame = pa.field(FRAME, pixels, metadata={SHAPE_KEY: orjson.dumps(shape)})
+        frame = pa.field(FRAME, pixels, metadata={SHAPE_KEY: orjson.dumps(list(shape))})
         return pa.schema([pa.field(PTS, pa.float64()), frame])
 
     def batch(self, schema: pa.Schema, times: Sequence[float], images: np.ndarray) -> pa.RecordBatch:
@@ -87,8 +85,7 @@ class RawTier:
         frames = pa.FixedSizeListArray.from_arrays(flat, schema.field(FRAME).type.list_size)
         return pa.RecordBatch.from_arrays([pa.array(times, pa.float64()), frames], schema=schema)
 
-    def pictures(self, frames: pa.Array, feature: VideoFeature) -> Pictures:
-        shape = (feature.height, feature.width, feature.channels)
+    def pictures(self, frames: pa.Array, shape: Shape) -> Pictures:
         values = frames.values.to_numpy(zero_copy_only=True)[frames.offset * frames.type.list_size :]
         return _MappedPixels(values[: len(frames) * frames.type.list_size].reshape(len(frames), *shape))
 
@@ -117,15 +114,14 @@ class JpegTier:
         if self.subsampling not in SUBSAMPLINGS:
             raise ValueError(f"JPEG chroma subsampling {self.subsampling!r} is not one of {', '.join(SUBSAMPLINGS)}")
 
-    def schema(self, feature: VideoFeature) -> pa.Schema:
-        return pa.schema([pa.field(PTS, pa.float64()), self.field(FRAME, feature)])
+    def schema(self, shape: Shape) -> pa.Schema:
+        return pa.schema([pa.field(PTS, pa.float64()), self.field(FRAME, shape)])
 
-    def field(self, name: str, feature: VideoFeature) -> pa.Field:
-        """A binary column of this tier's JPEGs, its metadata saying how to decode them."""
-        shape = [feature.height, feature.width, feature.channels]
+    def field(self, name: str, shape: Shape) -> pa.Field:
+        """A binary column of this tier's JPEGs of frames of `shape`, its metadata saying how to decode them."""
         metadata = {
             ENCODING_KEY: b"jpeg",
-            SHAPE_KEY: orjson.dumps(shape),
+            SHAPE_KEY: orjson.dumps(list(shape)),
             QUALITY_KEY: f"{self.quality}:{self.subsampling}".encode(),
         }
         return pa.field(name, pa.binary(), metadata=metadata)
@@ -143,8 +139,8 @@ class JpegTier:
             contiguous, quality=self.quality, colorspace="RGB", colorsubsampling=self.subsampling, fastdct=False
         )
 
-    def pictures(self, frames: pa.Array, feature: VideoFeature) -> Pictures:
-        return _DecodedOnRead(frames, (feature.height, feature.width, feature.channels))
+    def pictures(self, frames: pa.Array, shape: Shape) -> Pictures:
+        return _DecodedOnRead(frames, shape)
 
     def as_kept(self, frames: np.ndarray, positions: np.ndarray) -> None:
         shape = frames.shape[1:]

@@ -110,6 +110,11 @@ class VideoFeature:
     tier: FrameTier = RAW  # how its decoded-frame segments keep frames (`app.sources.frame_tiers`)
 
     @property
+    def shape(self) -> tuple[int, int, int]:
+        """(height, width, channels) of the frames as served."""
+        return (self.height, self.width, self.channels)
+
+    @property
     def file_size(self) -> tuple[int, int]:
         """(height, width) of the frames in the video files."""
         return (self.file_height or self.height, self.file_width or self.width)

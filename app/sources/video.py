@@ -208,7 +208,7 @@ def check_tolerance(
 def frame_schema(feature: VideoFeature) -> pa.Schema:
     """A decoded-frame segment: each frame's presentation time and the frame as the camera's tier keeps it (raw
     RGB pixels, row-major (H, W, C), or one encoded image)."""
-    return feature.tier.schema(feature)
+    return feature.tier.schema(feature.shape)
 
 
 def video_fingerprint(root: DatasetPath, rel: str, feature: VideoFeature) -> SourceFingerprint:
