@@ -33,6 +33,16 @@ class Settings(BaseSettings):
         description="A directory of named mixtures, one JSON (or YAML, with PyYAML) document each: "
         "`<id>.json` is mixture `<id>` at /mixtures/<id>. Unset: no named mixtures.",
     )
+    hub: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Datasets served from the Hugging Face Hub by repo id, `OWNER/NAME[@REVISION]`, comma-separated "
+        "(e.g. `lerobot/pusht@main`): downloaded into the Hub cache (HF_HOME) at start, in the background.",
+    )
+    hub_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hub repo ids a client may name on first use (downloaded then), as patterns, comma-separated "
+        "(e.g. `lerobot/*`). Unset: only the `hub` datasets.",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     workers: int = Field(1, ge=1, le=256)
@@ -233,6 +243,21 @@ class Settings(BaseSettings):
     def frame_size(self, dataset_id: str) -> tuple[int, int] | None:
         """(height, width) camera frames of this dataset are served at, if downscaled."""
         return self.video_cache_size.get(dataset_id, self.video_cache_size.get("*"))
+
+    @field_validator("hub", "hub_allow", mode="before")
+    @classmethod
+    def _split_hub(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [entry.strip() for entry in value.split(",") if entry.strip()]
+        return value
+
+    @field_validator("hub")
+    @classmethod
+    def _check_hub(cls, value: list[str]) -> list[str]:
+        from app.sources.hub import parse_hub_datasets
+
+        parse_hub_datasets(value)  # a ValueError naming a malformed entry
+        return value
 
     @field_validator("tokens", mode="before")
     @classmethod

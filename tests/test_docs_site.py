@@ -81,3 +81,17 @@ def test_the_front_page_links_to_pages_and_headings_that_exist() -> None:
         elif anchor and anchor not in headings(file):
             broken.append(f"{target}: no such heading")
     assert broken == []
+
+
+# The one sentence the two front pages word differently (GitHub shows README.md; the site shows docs/index.md).
+README_ONLY = "The reference is a documentation site (`make docs` builds it into `site/`); its pages read as well here:"
+INDEX_ONLY = "The reference, page by page:"
+
+
+def test_the_sites_front_page_is_the_readme() -> None:
+    """docs/index.md is README.md with its links made relative to docs/ (and one sentence about the site): an edit
+    of one that is not made to the other fails here."""
+    readme = (ROOT / "README.md").read_text()
+    assert README_ONLY in readme
+    expected = readme.replace("](docs/", "](").replace(README_ONLY, INDEX_ONLY)
+    assert (ROOT / "docs" / "index.md").read_text() == expected

@@ -181,7 +181,8 @@ def test_invalid_post_rows_body_is_rejected(http: httpx.Client, body: dict, stat
 
 
 ROWS_ACCEPTS = (
-    "this endpoint accepts: columns, compression, delta_timestamps, episodes, frame_size, frames, start, stop, tolerance_s"
+    "this endpoint accepts: columns, compression, delta_timestamps, episodes, frame_size, frames, start, stop, "
+    "tolerance_s"
 )
 
 

@@ -43,6 +43,8 @@ def mixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with open(directory / "huge.json", "wb") as huge:
         huge.write(b'{"components": [' + b" " * (50 * 1024 * 1024) + b"]}")
     (directory / "nope.json").write_text('{"components": [{"dataset": "nope"}]}')
+    heavy = '{"components": [{"dataset": "robot", "weight": 1e308}, {"dataset": "robot", "weight": 1e308}]}'
+    (directory / "heavy.json").write_text(heavy)
     secret = root / "tokens.txt"
     secret.write_text(SECRET + "\n")
     (directory / "leak.yml").symlink_to(secret)
@@ -90,10 +92,11 @@ def test_the_listing_gives_each_document_its_own_status(server: ServerProcess) -
     assert answer.status_code == 200, answer.text
     assert SECRET not in answer.text
     status = {m["id"]: m["status"] for m in answer.json()["mixtures"]}
-    assert set(status) == {"good", "bomb", "tagged", "broken", "deep", "huge", "nope"}  # no symlinked ones
+    assert set(status) == {"good", "bomb", "tagged", "broken", "deep", "huge", "nope", "heavy"}  # no symlinked ones
     assert status["good"] == "valid"
     assert "no dataset 'nope'" in status["nope"]
     assert "aliases" in status["bomb"] and "larger than" in status["huge"]
+    assert "their sum must be finite" in status["heavy"]
 
 
 def test_the_client_reads_mixture_files_within_the_same_limits(mixtures: Path) -> None:
@@ -109,6 +112,10 @@ def test_the_client_reads_mixture_files_within_the_same_limits(mixtures: Path) -
             episerve.Mixture.from_file(directory / name)
         assert time.monotonic() - started < 5 and SECRET not in str(raised.value)
     assert episerve.Mixture.from_file(directory / "good.json").components[0].dataset == "robot"
+    with pytest.raises(ValueError, match="their sum must be finite"):
+        episerve.Mixture.from_file(directory / "heavy.json")
+    with pytest.raises(ValueError, match="at most 1e\\+09 times the smallest"):
+        episerve.Mixture([{"dataset": "a", "weight": 1e10}, {"dataset": "b", "weight": 1}])
 
 
 def test_an_over_limit_take_in_takes_is_a_413_naming_it(video_root: Path, tmp_path: Path) -> None:

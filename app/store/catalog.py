@@ -24,6 +24,7 @@ from pathlib import Path
 from app.errors import DatasetError, DoesNotExist, InvalidInput
 from app.settings import Settings
 from app.sources import LEROBOT_INFO, DatasetPath, is_dataset_dir, is_dataset_root
+from app.sources.hub import HubDatasets, parse_hub_datasets
 from app.sources.object_store import ObjectStore, StoreOptions
 from app.store.dataset import Dataset, SharedCaches
 
@@ -104,7 +105,9 @@ class Catalog:
         self._logged_skips: set[tuple[str, SkippedDirectory]] = set()
         self._datasets: dict[str, Dataset] = {}
         self._scanned_at = 0.0
+        self.hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow)
         self.scan()
+        self.hub.start_configured()
 
     def scan(self) -> dict[str, DatasetPath]:
         """Find every dataset below the roots; two roots offering the same id, or a root inside a LeRobot dataset,
@@ -123,6 +126,8 @@ class Catalog:
                     )
                 found[dataset_id] = path
             skipped += [(str(root), entry) for entry in passed_over]
+        for repo_id, path in self.hub.ready().items():  # a root's dataset of the same id comes first
+            found.setdefault(repo_id, path)
         for root, entry in skipped:
             if (root, entry) not in self._logged_skips:
                 log.warning("skipped %s/%s: %s", root.rstrip("/"), entry.path, entry.reason)
@@ -175,15 +180,26 @@ class Catalog:
             raise DoesNotExist(f"the directory {dataset_id!r} below a root is not served: {reason}")
         validate_dataset_id(dataset_id)
         path = self._paths.get(dataset_id)
+        if path is None and self.hub.offers(dataset_id):
+            path = self.hub.path(dataset_id)  # a 503 with the progress until it is downloaded
+            with self._lock:
+                self._paths.setdefault(dataset_id, path)
         if path is None:
             close = self.close_ids(dataset_id)
             hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
-            raise DoesNotExist(f"no dataset {dataset_id!r}; {hint}see GET /datasets for the catalog")
+            hub = (
+                " (to serve a Hugging Face Hub dataset by its repo id, name it in EPISERVE_HUB or allow it with "
+                "EPISERVE_HUB_ALLOW)"
+                if dataset_id.count("/") == 1
+                else ""
+            )
+            raise DoesNotExist(f"no dataset {dataset_id!r}{hub}; {hint}see GET /datasets for the catalog")
         with self._lock:
             dataset = self._datasets.get(dataset_id)
             if dataset is None or dataset.path != path:
                 cache_dir = self.settings.cache_dir / "datasets" / Dataset.cache_key(dataset_id, path)
                 dataset = Dataset(dataset_id, path, cache_dir, self.settings, self.shared)
+                dataset.hub = self.hub.describe(dataset_id) if path == self.hub.ready().get(dataset_id) else None
                 self._datasets[dataset_id] = dataset
             return dataset
 

@@ -75,6 +75,7 @@ class Dataset:
         self.default_episode_column = limits.episode_column
         self.episode_column = limits.episode_column
         self.limits = limits
+        self.hub: dict[str, Any] | None = None  # where a Hugging Face Hub dataset came from (repo, revision, commit)
         self._lock = threading.Lock()
         self._source: Source | None = None
         self._index: EpisodeIndex | None = None

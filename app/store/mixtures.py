@@ -14,16 +14,18 @@ expands a few lines into gigabytes), nesting bounded, and no problem ever quotes
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from app.errors import DoesNotExist, ProblemError, TryLater
 from app.store.catalog import validate_dataset_id
 
 SUFFIXES = (".json", ".yaml", ".yml")
 MAX_DOCUMENT_BYTES = 1024 * 1024  # a mixture of thousands of components is ~100 KB
+MAX_WEIGHT_RATIO = 1e9  # largest ÷ smallest weight: beyond it a share rounds away, or the sum is not finite
 Side = Annotated[StrictInt, Field(ge=1)]
 Size = tuple[Side, Side]
 
@@ -47,6 +49,17 @@ class MixtureDocument(BaseModel):
 
     components: list[ComponentDocument] = Field(min_length=1)
     image_size: Size | dict[str, Size] | None = None
+
+    @model_validator(mode="after")
+    def _weights_in_proportion(self) -> MixtureDocument:
+        weights = [component.weight for component in self.components]
+        total = math.fsum(weights)
+        if not math.isfinite(total) or max(weights) > MAX_WEIGHT_RATIO * min(weights):
+            raise ValueError(
+                f"weights range from {min(weights):g} to {max(weights):g}; the largest may be at most "
+                f"{MAX_WEIGHT_RATIO:g} times the smallest, and their sum must be finite"
+            )
+        return self
 
 
 def mixture_ids(directory: Path | None) -> list[str]:

@@ -25,6 +25,18 @@ from episerve._errors import EpiserveError
 from episerve._selection import ImageSize, Size, parse_image_size
 
 _FIELDS = {"dataset", "weight", "episodes", "features"}
+MAX_WEIGHT_RATIO = 1e9  # largest ÷ smallest weight: beyond it a share rounds away, or the sum is no longer finite
+
+
+def check_weight_ratio(weights: Sequence[float]) -> None:
+    """ValueError when the weights' shares cannot be told apart reliably (largest ÷ smallest > MAX_WEIGHT_RATIO) or
+    their sum is not finite."""
+    total = math.fsum(weights)
+    if not math.isfinite(total) or max(weights) > MAX_WEIGHT_RATIO * min(weights):
+        raise ValueError(
+            f"mixture weights range from {min(weights):g} to {max(weights):g}; the largest may be at most "
+            f"{MAX_WEIGHT_RATIO:g} times the smallest, and their sum must be finite"
+        )
 
 
 class MixtureError(EpiserveError, ValueError):
@@ -109,6 +121,7 @@ class Mixture:
         self.components: tuple[Component, ...] = tuple(Component.of(c) for c in components)
         if not self.components:
             raise ValueError("a mixture needs at least one component")
+        check_weight_ratio(self.weights)
         self.image_size: Size | dict[str, Size] | None = parse_image_size(image_size)
 
     @classmethod
