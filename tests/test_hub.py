@@ -60,6 +60,13 @@ def ready(http: httpx.Client, dataset_id: str, seconds: float = 60) -> httpx.Res
         time.sleep(0.2)
 
 
+def empty_root(tmp_path: Path) -> Path:
+    """A root with no dataset (a server without roots would serve its built-in demo, generated at start)."""
+    root = tmp_path / "no-datasets"
+    root.mkdir(exist_ok=True)
+    return root
+
+
 def expected_rows(source: Path, episodes: list[int]) -> pa.Table:
     table = pq.read_table(sorted((source / "data").rglob("*.parquet")), columns=COLUMNS)
     table = table.filter(pa.compute.is_in(table["episode_index"], pa.array(episodes, table["episode_index"].type)))
@@ -68,7 +75,7 @@ def expected_rows(source: Path, episodes: list[int]) -> pa.Table:
 
 def test_a_configured_hub_dataset_is_downloaded_pinned_and_served(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/pusht@main")
-    with ServerProcess([], tmp_path / "cache", env=env) as server, server.client() as http:
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
         described = ready(http, "lerobot/pusht")
         assert described.status_code == 200, described.text
         commit = hub.repos["lerobot/pusht"].branches["main"]
@@ -94,7 +101,7 @@ def test_a_configured_hub_dataset_is_downloaded_pinned_and_served(hub: FakeHub, 
 
 def test_allowed_repos_are_served_on_first_use_and_others_are_clear_problems(hub: FakeHub, tmp_path: Path) -> None:
     env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB_ALLOW="lerobot/*")
-    with ServerProcess([], tmp_path / "cache", env=env) as server, server.client() as http:
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
         assert ready(http, "lerobot/other").status_code == 200
         assert_problem(http.get("/datasets/acme/thing"), 404, "EPISERVE_HUB_ALLOW")
         assert_problem(ready(http, "lerobot/nope"), 404, "no Hub dataset 'lerobot/nope'")
@@ -105,13 +112,13 @@ def test_allowed_repos_are_served_on_first_use_and_others_are_clear_problems(hub
 
 def test_a_missing_revision_is_a_404_naming_it(hub: FakeHub, tmp_path: Path) -> None:
     env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/pusht@v9.9")
-    with ServerProcess([], tmp_path / "cache", env=env) as server, server.client() as http:
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
         assert_problem(ready(http, "lerobot/pusht"), 404, "has no revision 'v9.9'")
 
 
 def test_a_gated_repo_is_served_with_a_token(hub: FakeHub, source: Path, tmp_path: Path) -> None:
     env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/gated", HF_TOKEN="hf_secret")
-    with ServerProcess([], tmp_path / "cache", env=env) as server, server.client() as http:
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
         assert ready(http, "lerobot/gated").status_code == 200
         with episerve.Client(server.url) as client:
             assert client.rows("lerobot/gated", episodes=[2], columns=COLUMNS).equals(expected_rows(source, [2]))
@@ -127,7 +134,7 @@ def test_a_dropped_connection_resumes_and_a_failing_hub_is_a_problem_a_retry_lat
     hub.fail_next[video] = "drop"  # cut midway once: huggingface_hub resumes it with a range request
     hub.refusing.add(parquet)  # and this one fails until the Hub recovers
     env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB_ALLOW="lerobot/other")
-    with ServerProcess([], tmp_path / "cache", env=env) as server, server.client() as http:
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
         failed = ready(http, "lerobot/other", seconds=120)
         assert_problem(failed, 503, "'lerobot/other' cannot be downloaded now", "retry later")
         assert not (tmp_path / "hf" / "lerobot" / "lerobot" / "other" / parquet).exists()  # nothing half-written
@@ -139,7 +146,7 @@ def test_a_dropped_connection_resumes_and_a_failing_hub_is_a_problem_a_retry_lat
     local = tmp_path / "hf" / "lerobot" / "lerobot" / "other"
     assert (local / video).read_bytes() == (source / video).read_bytes()
     offline = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/other", HF_HUB_OFFLINE="1")
-    with ServerProcess([], tmp_path / "cache-2", env=offline) as server, server.client() as http:
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache-2", env=offline) as server, server.client() as http:
         assert ready(http, "lerobot/other").status_code == 200
         with episerve.Client(server.url) as client:
             assert client.rows("lerobot/other", episodes=[3], columns=COLUMNS).equals(expected_rows(source, [3]))
