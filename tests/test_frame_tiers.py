@@ -273,3 +273,15 @@ def test_a_client_on_the_same_machine_reads_jpeg_segments_by_reference(jpeg_serv
     assert pages.table.equals(expected)
     assert local.local_frames is not None and local.local_frames._misses == 0  # read by reference, no fallback
     local.close()
+
+
+def test_encoded_frames_are_the_same_bytes_cold_and_from_the_jpeg_segments(video_root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    body = {"episodes": [3], "indices": [0, 7, 2, 7], "columns": [*ROWS, TOP_CAMERA], "frames": "encoded"}
+    env = {"EPISERVE_VIDEO_FRAME_TIER": f"jpeg:{QUALITY}"}
+    with ServerProcess([video_root], cache, env=env) as server, server.client() as http:
+        cold = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content)  # decoded on demand
+        eventually(lambda: len(frame_segment_bytes(cache)) == 1, 60)
+        warm = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content)  # the segment's bytes
+    assert cold[TOP_CAMERA].to_pylist() == warm[TOP_CAMERA].to_pylist()
+    assert cold.schema.field(TOP_CAMERA).metadata == warm.schema.field(TOP_CAMERA).metadata

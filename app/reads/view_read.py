@@ -257,7 +257,9 @@ class ViewRead:
         located = located if located is not None else self.locate(rows)
         return {key: tensor_column(self._frames(self.cameras[key], located), self.cameras[key]) for key in keys}
 
-    def _frames(self, feature: VideoFeature, located: LocatedRows, defer: bool = True) -> np.ndarray:
+    def _frames(
+        self, feature: VideoFeature, located: LocatedRows, defer: bool = True, exact: bool = False
+    ) -> np.ndarray:
         """The frames of `feature` for the `located` rows in request order, checked against the tolerance. Each
         frame is written once: copied from the decoded-frame segment's memory map (or left pending, to be sent from
         the map) or converted from the decoder straight into the result."""
@@ -289,7 +291,8 @@ class ViewRead:
                     self.dataset.decoders,
                 )
                 at = decode_nearest_side_by_side(frames, places, root, path, times, feature, decoders)
-                feature.tier.as_kept(frames, positions)
+                if not exact:  # as the tier keeps them, so a cold answer equals a warm one
+                    feature.tier.as_kept(frames, positions)
                 found[here] = at[back]
                 continue
             pictures, batch_of, row_in_batch, at = nearest_pictures(segment, times, feature)
@@ -348,7 +351,8 @@ class ViewRead:
                 return field_, kept
         if not self.may_block:
             raise WouldBlock("camera frames are encoded off the event loop")
-        pixels = self._frames(feature, located, defer=False)
+        # Frames decoded on demand are encoded once from the exact pixels: the same bytes a JPEG tier's build keeps.
+        pixels = self._frames(feature, located, defer=False, exact=True)
         return field_, pa.array([wire.encode(frame) for frame in pixels], pa.binary())
 
     def _kept_encoded(self, feature: VideoFeature, located: LocatedRows) -> pa.Array | None:
