@@ -31,7 +31,7 @@ MAX_WEIGHT_RATIO = 1e9  # largest ÷ smallest weight: beyond it a share rounds a
 def check_weight_ratio(weights: Sequence[float]) -> None:
     """ValueError when the weights' shares cannot be told apart reliably (largest ÷ smallest > MAX_WEIGHT_RATIO) or
     their sum is not finite."""
-    total = math.fsum(weights)
+    total = sum(float(w) for w in weights)  # inf past the float range (math.fsum would raise)
     if not math.isfinite(total) or max(weights) > MAX_WEIGHT_RATIO * min(weights):
         raise ValueError(
             f"mixture weights range from {min(weights):g} to {max(weights):g}; the largest may be at most "
