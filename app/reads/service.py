@@ -111,7 +111,7 @@ class RowRead:
     @property
     def frame_bytes(self) -> int:
         """Bytes of the camera frames the read answers decoded, once `quick()` or `check()` has prepared it."""
-        return getattr(self._plan, "frame_bytes", 0)
+        return self._plan.frame_bytes if self._plan is not None else 0
 
     @property
     def view_rows(self) -> int:
@@ -240,6 +240,7 @@ class _Plan:
     """A request prepared on one snapshot: `decide` whether it is quick, then `answer` it."""
 
     read: ViewRead
+    frame_bytes = 0  # decoded camera frames the answer holds (a take's, once checked against the limit)
 
     def decide(self) -> bool:
         raise NotImplementedError

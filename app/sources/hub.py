@@ -18,8 +18,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +45,6 @@ class _Download:
     done: int = 0
     path: Path | None = None
     error: ProblemError | None = None
-    started: float = field(default_factory=time.time)
-    thread: threading.Thread | None = None
 
     def describe(self) -> dict[str, Any]:
         state = "ready" if self.path is not None else "failed" if self.error is not None else "downloading"
@@ -120,11 +117,10 @@ class HubDatasets:
             download = self._downloads.get(repo_id)
             if download is None:
                 download = _Download(repo_id, self.configured.get(repo_id, "main"))
-                download.thread = threading.Thread(
-                    target=self._run, args=(download,), name=f"episerve-hub-{repo_id}", daemon=True
-                )
                 self._downloads[repo_id] = download
-                download.thread.start()
+                thread = threading.Thread(target=self._run, args=(download,), name=f"episerve-hub-{repo_id}")
+                thread.daemon = True
+                thread.start()
         return download
 
     def _run(self, download: _Download) -> None:
