@@ -15,7 +15,6 @@ from app import __version__
 from app.api import cache, datasets, health, mixtures, rows
 from app.api.deps import bound_store_waits
 from app.api.docs import install_docs
-from app.api.fast_lane import FastLane
 from app.api.inflight import InflightBudget
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers, install_problem_schema, problem_responses
@@ -76,19 +75,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.token_verifier = TokenVerifier(settings.accepted_tokens())
     app.state.warmer = Warmer()
-    app.add_middleware(
-        FastLane,
-        state=app.state,
-        take_route=rows.take_route(),
-        slice_route=rows.slice_route(),
-        takes_route=rows.takes_route(),
-    )
-    app.add_middleware(ObservabilityMiddleware)  # added last, so outermost: it sees the fast lane's responses too
+    app.add_middleware(ObservabilityMiddleware)
     install_problem_handlers(app)
     install_problem_schema(app)
     # Health and metrics stay lenient about their query: probes and scrapers add cache-busting parameters.
     protected = [Depends(require_token), Depends(reject_unknown_query)]
-    if any(isinstance(root, str) and is_remote_root(root) for root in settings.roots):
+    reads_store = any(isinstance(root, str) and is_remote_root(root) for root in settings.roots)
+    app.state.store_wait_s = settings.remote_wait_s if reads_store else None
+    if reads_store:
         protected.append(Depends(bound_store_waits))  # no per-request deadline to set where no store is read
     # Every data endpoint may answer these: a missing or wrong token, invalid input, and a catalog still loading
     # or a dataset unreadable.
@@ -96,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     install_viewer(app)
     app.include_router(health.router)
-    app.include_router(rows.router, dependencies=protected, responses=guarded)
+    app.include_router(rows.router, responses=guarded)  # its routes check what `protected` does themselves
     app.include_router(cache.router, dependencies=protected, responses=guarded)
     app.include_router(datasets.router, dependencies=protected, responses=guarded)
     app.include_router(mixtures.router, dependencies=protected, responses=guarded)

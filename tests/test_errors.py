@@ -218,9 +218,9 @@ def test_unknown_query_parameters_are_422_naming_them_and_the_nearest_valid_name
     assert_problem(response, 422, *phrases)
 
 
-@pytest.mark.parametrize("lane", ["fast lane", "route"])
+@pytest.mark.parametrize("lane", ["event loop", "pool"])
 def test_repeated_episodes_and_columns_are_their_union(http: httpx.Client, datasets_root, lane: str) -> None:
-    compressed = {"compression": "none"} if lane == "route" else {}  # a compression parameter skips the fast lane
+    compressed = {"compression": "none"} if lane == "pool" else {}  # a compressed slice is read in the pool
     query = [("episodes", "5"), ("episodes", "2-3"), ("columns", "episode_index"), ("columns", "index")]
     response = http.get(f"{V3}/rows", params=[*query, *compressed.items()])
     assert response.status_code == 200, response.text

@@ -1,5 +1,5 @@
 """Slow and oversized requests are bounded: heads by size (431) and time (408), bodies by their declared length
-(413 before a byte is read) and time (408), on the fast lane and the regular route alike. Raw sockets, since an
+(413 before a byte is read) and time (408), on the event loop and in the pool alike. Raw sockets, since an
 HTTP client would not send a request this badly."""
 
 from __future__ import annotations

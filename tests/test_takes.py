@@ -1,7 +1,7 @@
 """`POST /takes`: takes of several datasets in one request, answered as their Arrow IPC streams one after another.
 
 Every stream equals the same take made alone (`POST /datasets/{id}/rows/take`), byte for byte, and the pyarrow /
-PyAV oracles; cold requests come chunked from the route, warm ones with a length from the fast lane; a bad take
+PyAV oracles; cold requests come chunked, take by take, warm ones at once with a length; a bad take
 is a 4xx problem naming it before any byte is sent, and a problem found once the status is out leaves the body
 unfinished. The client reads a mixture's batch with one such request, and falls back to one take per dataset
 where the server has no route or the takes exceed its limit.
@@ -86,7 +86,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def servers(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
-    """Two servers of `root`: the fast lane on (`on`, the default) and off (`off`: the route answers everything)."""
+    """Two servers of `root`: quick reads on the event loop (`on`, the default) and not (`off`: all in the pool)."""
     cache = tmp_path_factory.mktemp("takes-cache")
     on = ServerProcess([root], cache / "on", env=ENV)
     off = ServerProcess([root], cache / "off", env=ENV | {"EPISERVE_INLINE_READ_BYTES": "0"})
@@ -129,7 +129,7 @@ def view(root: Path, dataset: str, episodes: Any) -> pa.Table:
 def mixed_takes(root: Path, *, quick_only: bool = False) -> list[dict[str, Any]]:
     """Takes of all three datasets: duplicates, unsorted indices, an empty take, episode picks, columns in odd
     order and all stored ones, windows (one off the frame grid within its tolerance, one beside a camera), compression;
-    unless `quick_only`, also takes the fast lane never answers: a camera at a smaller `frame_size`, and a window
+    unless `quick_only`, also takes never answered on the event loop: a camera at a smaller `frame_size`, and a window
     of camera frames."""
     rng = np.random.default_rng(9)
     a_view = view(root, ROBOT_A, [4, 1]).num_rows
@@ -382,21 +382,21 @@ def test_concurrent_requests_each_get_their_own_takes(root: Path, servers: dict[
         assert answers == expected * 4
 
 
-# --- the route and the fast lane ------------------------------------------------------------------------------
+# --- answered take by take, or all at once on the event loop -----------------------------------------------
 
 
-def test_a_cold_request_comes_chunked_from_the_route_and_a_warm_one_with_its_length_from_the_lane(
+def test_a_cold_request_comes_chunked_take_by_take_and_a_warm_one_at_once_with_its_length(
     root: Path, tmp_path: Path
 ) -> None:
     # frames sent straight from the map, of one video file (episode 0; several files: see further down)
     big = [{"dataset": BIG, "indices": [7, 0, 7, 30], "columns": [TOP, "index", "episode_index", "frame_index"]}]
     takes = [*mixed_takes(root, quick_only=True), *big]
     with ServerProcess([root], tmp_path / "cache", env=ENV) as server, http_of(server) as http:
-        cold = http.post(TAKES, json={"takes": takes})  # nothing is built yet: the route answers
+        cold = http.post(TAKES, json={"takes": takes})  # nothing is built yet: answered take by take
         assert "content-length" not in cold.headers and cold.headers["transfer-encoding"] == "chunked"
-        assert inline_takes(http) == 0
+        assert inline_takes(http) < len(takes)  # a take whose segment is not mapped yet is read in the pool
         assert_takes_answer(root, http, takes, cold)
-        deadline = time.monotonic() + 120  # camera frames come from the lane once their segments are built
+        deadline = time.monotonic() + 120  # all at once, on the event loop, once the segments are built
         asked = 1
         while True:
             before = inline_takes(http)
@@ -406,14 +406,14 @@ def test_a_cold_request_comes_chunked_from_the_route_and_a_warm_one_with_its_len
             assert warm.content == cold.content
             if inline_takes(http) > before:
                 break
-            assert time.monotonic() < deadline, "the fast lane never answered the takes"
+            assert time.monotonic() < deadline, "the takes were never answered at once"
             time.sleep(0.2)
         assert inline_takes(http) - before == len(takes)  # every take, on the event loop
         assert int(warm.headers["content-length"]) == len(warm.content)
         assert "transfer-encoding" not in warm.headers
         assert warm.headers["x-total-rows"] == cold.headers["x-total-rows"]
         assert warm.headers["x-row-count"] == cold.headers["x-row-count"]
-        assert requests_of(http, TAKES_ENDPOINT) == asked  # the lane's answers are counted under the route too
+        assert requests_of(http, TAKES_ENDPOINT) == asked  # answers on the event loop are counted under the route
 
 
 # --- problems -------------------------------------------------------------------------------------------------
@@ -494,7 +494,9 @@ def test_requests_the_endpoint_refuses_are_4xx_problems(servers: dict[str, Serve
     body = json.dumps({"takes": [GOOD]}).encode()
     for lane in ("on", "off"):
         with http_of(servers[lane]) as http:
-            assert http.post(TAKES, json={"takes": [GOOD]}).status_code == 200  # so the lane could answer
+            assert (
+                http.post(TAKES, json={"takes": [GOOD]}).status_code == 200
+            )  # so that it could be answered on the event loop
             in_query = http.post(f"{TAKES}?dataset={GENERIC}", json={"takes": [GOOD]})
             assert_problem(in_query, 422, "unknown query parameter 'dataset'", "takes no query parameters")
             assert_problem(http.post(TAKES, content=body, headers={"Content-Type": "text/plain"}), 415)
@@ -505,7 +507,7 @@ def test_requests_the_endpoint_refuses_are_4xx_problems(servers: dict[str, Serve
             assert_problem(http.get(TAKES), 405)
 
 
-def test_bodies_in_many_chunks_or_over_the_limit_reach_the_lane_or_the_route_intact(
+def test_bodies_in_many_chunks_or_over_the_limit_arrive_intact_or_are_refused(
     servers: dict[str, ServerProcess],
 ) -> None:
     body = json.dumps({"takes": [GOOD, {"dataset": ROBOT_A, "indices": list(range(0, 200, 7))}]}).encode()

@@ -1,5 +1,5 @@
-"""Request body deadlines: a body must have arrived `body_timeout_s` after its first reader started (the fast lane
-or the route it hands the request on to), else 408 and the connection closed."""
+"""Request body deadlines: a body must have arrived `body_timeout_s` after its reader started, else 408 and the
+connection closed."""
 
 from __future__ import annotations
 
@@ -12,15 +12,10 @@ import anyio
 
 from app.errors import ProblemError
 
-_BODY_DEADLINE = "episerve.body_deadline"
 
-
-def body_deadline(scope: dict[str, Any], timeout_s: float) -> float:
-    """When the request body must have arrived (event loop clock): `timeout_s` after its first reader started, be
-    that the fast lane or the route it hands the request on to."""
-    if _BODY_DEADLINE not in scope:
-        scope[_BODY_DEADLINE] = asyncio.get_running_loop().time() + timeout_s
-    return scope[_BODY_DEADLINE]
+def body_deadline(timeout_s: float) -> float:
+    """When a request body whose reading starts now must have arrived (event loop clock)."""
+    return asyncio.get_running_loop().time() + timeout_s
 
 
 def until(deadline: float) -> contextlib.AbstractAsyncContextManager[Any]:

@@ -36,11 +36,6 @@ def catalog_of(request: Request) -> Catalog:
     return catalog
 
 
-# Scope keys the fast lane sets on a request it passes on, so the route does not repeat its work.
-PARSED_REQUEST = "episerve.request"  # the request, parsed and validated by its model
-PREPARED_READ = "episerve.read"  # the request's read, decided not quick: the route answers it in the thread pool
-
-
 async def get_dataset(dataset_id: str, request: Request) -> Dataset:
     return catalog_of(request).get(dataset_id)
 

@@ -5,7 +5,7 @@ response the client stops reading is cut off after `send_timeout_s` without prog
 Neither uvicorn nor httptools bounds either: a 1 MiB header is parsed, and a client that sends its head a byte at
 a time holds its connection (and a file descriptor) for as long as it likes. Beyond the size the server answers
 431, beyond the time 408 (or closes silently when nothing was sent at all), and closes the connection either way.
-The body's own deadline is kept where the body is read (`app.api.json_body.read_json_body`, the fast lane); the rest
+The body's own deadline is kept where the body is read (`app.api.json_body.read_json_body`); the rest
 of a body the response did not wait for gets as long as a head.
 
 A client that stops reading its response (a trainer pausing for a checkpoint with requests in flight) leaves the
@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.api.problems import PROBLEM_MEDIA_TYPE
+from app.api.problems import problem
 
 
 @dataclass(frozen=True)
@@ -185,17 +184,8 @@ def _client(client: tuple[str, int] | None) -> str:
 
 
 def _problem_response(status: int, detail: str) -> bytes:
-    phrase = HTTPStatus(status).phrase
-    body = orjson.dumps(
-        {
-            "type": f"https://episerve.dev/problems/{phrase.lower().replace(' ', '-')}",
-            "title": phrase,
-            "status": status,
-            "detail": detail,
-        }
-    )
-    head = (
-        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: {PROBLEM_MEDIA_TYPE}\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body
+    """The whole HTTP response of a problem (`app.api.problems.problem`), as written straight to the transport."""
+    response = problem(status, detail, headers={"Connection": "close"})
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode("ascii")]
+    lines.extend(name + b": " + value for name, value in response.raw_headers)
+    return b"\r\n".join(lines) + b"\r\n\r\n" + response.body

@@ -46,7 +46,7 @@ async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
     timeout_s = request.app.state.settings.body_timeout_s
     body = bytearray()
     try:
-        async with until(body_deadline(request.scope, timeout_s)):
+        async with until(body_deadline(timeout_s)):
             async for chunk in request.stream():
                 body += chunk
                 if len(body) > max_bytes:

@@ -13,6 +13,11 @@ from app.reads.requests import merged_query
 
 
 async def reject_unknown_query(request: Request) -> None:
+    """The dependency form of `check_query`."""
+    check_query(request)
+
+
+def check_query(request: Request) -> None:
     """422 when the query holds a parameter the matched route does not declare: a misspelled `episode=` must
     not silently select every episode. The detail names each one, the nearest declared name and all of them.
     Also 422 for a repeated parameter other than a list-valued one (see `merged_query`)."""

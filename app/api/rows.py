@@ -1,32 +1,30 @@
 """Row endpoints: a contiguous slice of a view (`GET`/`POST /rows`), rows by view index (`POST /rows/take`) and
 takes of several datasets in one request (`POST /takes`).
 
-Thin: each parses its request into the model of `app.reads.requests`, runs the read service in the thread pool
-(quick reads are answered ahead of these routes by `app.api.fast_lane`, with the same models and service) and
-encodes the answer as an Arrow IPC stream (`app.api.arrow_response`).
+Thin: each parses its request into the model of `app.reads.requests` and runs the read service, on the event loop
+when the read is quick, else in the thread pool (`app.api.row_route`); the answer goes out as an Arrow IPC stream
+(`app.api.arrow_response`). The routes are `RowRoute`s: documented as declared here, called without dependency
+injection.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Request, Response
 
-from app.api.arrow_response import FIRST_HOLD_BYTES, ArrowStreamsResponse, arrow_response
-from app.api.deps import PARSED_REQUEST, PREPARED_READ, catalog_of, get_dataset, run_read
-from app.api.inflight import Hold
+from app.api.arrow_response import ArrowStreamsResponse
+from app.api.deps import catalog_of, run_read
 from app.api.json_body import json_body_schema, read_json_body
 from app.api.problems import problem_responses
+from app.api.row_route import RowRoute, answered, answered_at_once, takes_headers
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
-from app.reads.catalog import Dataset
 from app.reads.multi_takes import TakesRead, naming
 from app.reads.requests import SliceRequest, TakeRequest, TakesRequest
-from app.reads.service import Answer, RowRead, SliceRead, TakeRead
+from app.reads.service import SliceRead, TakeRead
 
-router = APIRouter(tags=["rows"])
+router = APIRouter(tags=["rows"], route_class=RowRoute)
 
 
 def _header(description: str, kind: str = "integer", required: bool = True) -> dict[str, Any]:
@@ -102,26 +100,6 @@ def _query_parameters(model: type[SliceRequest]) -> dict[str, Any]:
     return {"parameters": parameters}
 
 
-def to_response(answer: Answer | Any, hold: Hold | None = None) -> Response:
-    """The HTTP response of a read service answer (304 for `NotModified`), which keeps `hold` until it is sent."""
-    if isinstance(answer, Answer):
-        return arrow_response(answer, hold)
-    if hold is not None:
-        hold.release()
-    return Response(status_code=304, headers=answer.headers)
-
-
-async def _answered(request: Request, read: RowRead) -> Response:
-    """`read` answered in the thread pool once the in-flight budget has room for its first piece; the response
-    holds its bytes on the budget until it is sent."""
-    hold = await request.app.state.inflight.hold(FIRST_HOLD_BYTES)
-    try:
-        return to_response(await run_read(request, read.answer), hold)
-    except BaseException:
-        hold.release()
-        raise
-
-
 @router.get(
     "/datasets/{dataset_id:path}/rows",
     summary="A contiguous slice of the view, as an Arrow IPC stream",
@@ -129,10 +107,10 @@ async def _answered(request: Request, read: RowRead) -> Response:
     responses=_SLICE_RESPONSES,
     openapi_extra=_query_parameters(SliceRequest),
 )
-async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
-    selection = request.scope.get(PARSED_REQUEST) or SliceRequest.from_query(request.query_params.multi_items())
-    read = request.scope.get(PREPARED_READ) or SliceRead(dataset, selection, request.headers.get("if-none-match"))
-    return await _answered(request, read)
+async def read_rows(request: Request, dataset_id: str) -> Response:
+    dataset = catalog_of(request).get(dataset_id)
+    selection = SliceRequest.from_query(request.query_params.multi_items())
+    return await answered(request, SliceRead(dataset, selection, request.headers.get("if-none-match")))
 
 
 @router.post(
@@ -142,9 +120,10 @@ async def read_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
     responses={**_SLICE_RESPONSES, **_BODY_PROBLEMS},
     openapi_extra=json_body_schema(SliceRequest),
 )
-async def read_rows_with_body(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
+async def read_rows_with_body(request: Request, dataset_id: str) -> Response:
+    dataset = catalog_of(request).get(dataset_id)
     body = await read_json_body(request, SliceRequest, dataset.limits.max_body_bytes)
-    return await _answered(request, SliceRead(dataset, body, request.headers.get("if-none-match")))
+    return await answered(request, SliceRead(dataset, body, request.headers.get("if-none-match")))
 
 
 @router.post(
@@ -154,11 +133,10 @@ async def read_rows_with_body(request: Request, dataset: Dataset = Depends(get_d
     responses=_TAKE_RESPONSES,
     openapi_extra=json_body_schema(TakeRequest),
 )
-async def take_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -> Response:
-    body = request.scope.get(PARSED_REQUEST) or await read_json_body(
-        request, TakeRequest, dataset.limits.max_body_bytes
-    )
-    return await _answered(request, request.scope.get(PREPARED_READ) or TakeRead(dataset, body))
+async def take_rows(request: Request, dataset_id: str) -> Response:
+    dataset = catalog_of(request).get(dataset_id)
+    body = await read_json_body(request, TakeRequest, dataset.limits.max_body_bytes)
+    return await answered(request, TakeRead(dataset, body))
 
 
 @router.post(
@@ -169,11 +147,12 @@ async def take_rows(request: Request, dataset: Dataset = Depends(get_dataset)) -
     openapi_extra=json_body_schema(TakesRequest),
 )
 async def take_many(request: Request) -> Response:
-    takes = request.scope.get(PREPARED_READ)
-    if takes is None:
-        settings = request.app.state.settings
-        body = request.scope.get(PARSED_REQUEST) or await read_json_body(request, TakesRequest, settings.max_body_bytes)
-        takes = TakesRead(catalog_of(request), body, settings)
+    settings = request.app.state.settings
+    body = await read_json_body(request, TakesRequest, settings.max_body_bytes)
+    takes = TakesRead(catalog_of(request), body, settings)
+    at_once = answered_at_once(request, takes)
+    if at_once is not None:
+        return at_once
     await run_read(request, takes.check)
     # The first take is answered now (a problem with it is still an error status), the others as they are sent.
     made = [await _answered_take(request, takes, 0)]
@@ -183,31 +162,4 @@ async def take_many(request: Request) -> Response:
 
 async def _answered_take(request: Request, takes: TakesRead, number: int) -> Response:
     with naming(number, takes.takes[number]):
-        return await _answered(request, takes.reads[number])
-
-
-def takes_headers(takes: TakesRead) -> dict[str, str]:
-    """The headers of a `POST /takes` answer."""
-    return {
-        "X-Row-Count": str(sum(len(take.indices) for take in takes.takes)),
-        "X-Total-Rows": ",".join(map(str, takes.view_rows())),
-    }
-
-
-def take_route() -> APIRoute:
-    """The route of `POST /rows/take` (the fast lane answers its quick requests ahead of it)."""
-    return _route_of(take_rows)
-
-
-def takes_route() -> APIRoute:
-    """The route of `POST /takes` (the fast lane answers its quick requests ahead of it)."""
-    return _route_of(take_many)
-
-
-def slice_route() -> APIRoute:
-    """The route of `GET /rows` (the fast lane answers its quick requests ahead of it)."""
-    return _route_of(read_rows)
-
-
-def _route_of(endpoint: Callable[..., Any]) -> APIRoute:
-    return next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is endpoint)
+        return await answered(request, takes.reads[number])

@@ -7,13 +7,10 @@ from fastapi import Request
 from app.auth import TokenCheck, TokenVerifier
 from app.errors import ProblemError
 
-TOKEN_ACCEPTED = "episerve.token_accepted"  # scope key: the fast lane checked the bearer token and accepted it
-
 
 async def require_token(request: Request) -> None:
     """401 without a bearer token, 403 with a wrong one, when tokens are configured."""
-    if not request.scope.get(TOKEN_ACCEPTED):
-        check_token(request)
+    check_token(request)
 
 
 def check_token(request: Request) -> None:

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from app.store.catalog import DATASET_ID_PATTERN, Catalog
 from app.store.dataset import Dataset
-from app.store.store_waits import store_deadline
+from app.store.store_waits import StoreDeadline, current_store_deadline, kept_store_deadline, store_deadline
 from app.store.warming import Warmer
 
-__all__ = ["DATASET_ID_PATTERN", "Catalog", "Dataset", "Warmer", "store_deadline"]
+__all__ = [
+    "DATASET_ID_PATTERN",
+    "Catalog",
+    "Dataset",
+    "StoreDeadline",
+    "Warmer",
+    "current_store_deadline",
+    "kept_store_deadline",
+    "store_deadline",
+]

@@ -1,5 +1,5 @@
 """What a row request asks for, defined once: the JSON bodies validate into these models, and a `GET /rows`
-query is parsed into the same `SliceRequest`, by the route and by the fast lane alike."""
+query is parsed into the same `SliceRequest`."""
 
 from __future__ import annotations
 

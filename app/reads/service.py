@@ -1,5 +1,5 @@
-"""The read service: every row read (slices, takes, windows), with its limits and ETags, for the routes, the fast
-lane, the cache commands and the CLI alike.
+"""The read service: every row read (slices, takes, windows), with its limits and ETags, for the routes, the cache
+commands and the CLI alike.
 
 A read resolves its episode selection to a view of an index snapshot, checks the limits, gathers the rows
 (zero-copy slices of the memory-mapped segments, or a take: see `app.reads.takes`), applies temporal windows and
@@ -146,6 +146,12 @@ class SliceRead(RowRead):
             raise InvalidInput(f"start ({request.start}) is greater than stop ({request.stop})")
         self.request, self.if_none_match = request, if_none_match
         self.ranges = request.episode_ranges(dataset.limits)
+
+    def quick(self) -> bool:
+        # Compressing is CPU work; a conditional read checks the sources' freshness first.
+        if self.request.codec is not None or self.if_none_match is not None:
+            return False
+        return super().quick()
 
     def _planned(self, index: EpisodeIndex) -> _Plan:
         return _SlicePlan(self, _prepared(self.dataset, index, self.ranges, self.request))

@@ -28,9 +28,10 @@ STORE_THREADS = 32  # per process: well above the reads one process runs at once
 T = TypeVar("T")
 log = logging.getLogger("episerve.store")
 
-_deadline: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+StoreDeadline = tuple[float, float]  # (time.monotonic() deadline, the allowance it was set with)
+_deadline: contextvars.ContextVar[StoreDeadline | None] = contextvars.ContextVar(
     "episerve_store_deadline", default=None
-)  # (time.monotonic() deadline, the allowance it was set with)
+)
 _slots = threading.BoundedSemaphore(STORE_THREADS)
 
 
@@ -40,6 +41,21 @@ def store_deadline(seconds: float) -> Iterator[None]:
     deadline = time.monotonic() + seconds
     enclosing = _deadline.get()
     token = _deadline.set(enclosing if enclosing is not None and enclosing[0] <= deadline else (deadline, seconds))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def current_store_deadline() -> StoreDeadline | None:
+    """The deadline waits on the store have here, if any (to keep it with work that goes on later)."""
+    return _deadline.get()
+
+
+@contextlib.contextmanager
+def kept_store_deadline(deadline: StoreDeadline | None) -> Iterator[None]:
+    """Within the block, waits on the store have `deadline` (from `current_store_deadline`) again."""
+    token = _deadline.set(deadline)
     try:
         yield
     finally:

@@ -1,7 +1,9 @@
-"""The fast lane answers quick takes on the event loop; every answer must equal the regular route's, byte for byte.
+"""Quick reads (their segments mapped, small enough) are answered on the event loop; every such answer must equal
+the one read in the thread pool, byte for byte.
 
-Two servers share one datasets root: one with the lane on (the default) and one with it off
-(`EPISERVE_INLINE_READ_BYTES=0`), so every take below is answered once each way and compared.
+Two servers share one datasets root: one answering quick reads on the event loop (the default, "fast") and one
+reading everything in the pool (`EPISERVE_INLINE_READ_BYTES=0`, "slow"), so every read below is answered once
+each way and compared.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ INLINE_TAKES = "episerve_inline_takes_total"
 
 
 @pytest.fixture(scope="module")
-def lanes(datasets_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, httpx.Client]]:
-    cache = tmp_path_factory.mktemp("fast-lane-cache")
+def fast_and_slow(
+    datasets_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    cache = tmp_path_factory.mktemp("quick-reads-cache")
     env = {"EPISERVE_TOKENS": "alpha", "EPISERVE_MAX_BODY_BYTES": "65536"}
     on = ServerProcess([datasets_root], cache / "on", env=env)
     off = ServerProcess([datasets_root], cache / "off", env=env | {"EPISERVE_INLINE_READ_BYTES": "0"})
@@ -44,22 +48,23 @@ def inline_takes(http: httpx.Client) -> float:
     return metric(http.get("/metrics").text, INLINE_TAKES)
 
 
-def wait_for_the_lane(http: httpx.Client, timeout: float = 30.0) -> None:
-    """Take until the lane answers: on a fresh server the first takes build and map the segments on the route."""
+def wait_for_a_quick_take(http: httpx.Client, timeout: float = 30.0) -> None:
+    """Take until a take is answered on the event loop: on a fresh server the first takes build and map the
+    segments in the pool."""
     deadline = time.monotonic() + timeout
     before = inline_takes(http)
     while inline_takes(http) == before:
-        assert time.monotonic() < deadline, "the fast lane never answered"
+        assert time.monotonic() < deadline, "no take was ever answered on the event loop"
         assert http.post(TAKE, json={"indices": [1, 2, 3]}).status_code == 200
         time.sleep(0.05)
 
 
-def assert_lane_answers_alike(
-    ask: Callable[[httpx.Client], httpx.Response], lanes: tuple[httpx.Client, httpx.Client], headers: list[str]
+def assert_answered_alike(
+    ask: Callable[[httpx.Client], httpx.Response], fast_and_slow: tuple[httpx.Client, httpx.Client], headers: list[str]
 ) -> None:
-    """The lane-off server's answer, then the lane-on server's twice (the first may map segments on the regular
-    route, the second is answered on the lane): equal bodies and `headers`."""
-    fast, slow = lanes
+    """The slow server's answer, then the fast server's twice (the first may map segments in the pool, the second
+    is answered on the event loop): equal bodies and `headers`."""
+    fast, slow = fast_and_slow
     slow_answer = ask(slow)
     assert slow_answer.status_code == 200, slow_answer.text
     for _ in range(2):
@@ -70,10 +75,10 @@ def assert_lane_answers_alike(
             assert fast_answer.headers[header] == slow_answer.headers[header], header
 
 
-def test_quick_takes_equal_the_regular_route_byte_for_byte(
-    lanes: tuple[httpx.Client, httpx.Client], datasets_root: Path
+def test_quick_takes_equal_takes_read_in_the_pool_byte_for_byte(
+    fast_and_slow: tuple[httpx.Client, httpx.Client], datasets_root: Path
 ) -> None:
-    fast, slow = lanes
+    fast, slow = fast_and_slow
     rng = np.random.default_rng(5)
     view = oracle(datasets_root / "lerobot" / "demo-v3", None)
     bodies = [
@@ -90,7 +95,7 @@ def test_quick_takes_equal_the_regular_route_byte_for_byte(
     before = inline_takes(fast)
     headers = ["content-type", "content-length", "x-total-rows", "x-row-count"]
     for body in bodies:
-        assert_lane_answers_alike(lambda http, body=body: http.post(TAKE, json=body), lanes, headers)
+        assert_answered_alike(lambda http, body=body: http.post(TAKE, json=body), fast_and_slow, headers)
     assert inline_takes(fast) - before >= len(bodies)
     assert inline_takes(slow) == 0
 
@@ -98,9 +103,9 @@ def test_quick_takes_equal_the_regular_route_byte_for_byte(
     assert_tables_equal(first, view.take(pa.array(bodies[0]["indices"])))
 
 
-def test_takes_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.Client, httpx.Client]) -> None:
-    fast, _ = lanes
-    fast.post(TAKE, json={"indices": [0]})  # the segments the lane could use are mapped
+def test_takes_that_are_not_quick_are_read_in_the_pool(fast_and_slow: tuple[httpx.Client, httpx.Client]) -> None:
+    fast, _ = fast_and_slow
+    fast.post(TAKE, json={"indices": [0]})  # the segments a quick read uses are mapped
     assert_problem(httpx.post(f"{fast.base_url}{TAKE}", json={"indices": [0]}), 401, "bearer token")
     assert_problem(fast.post(TAKE, json={"indices": [10**9]}), 422, "out of range")
     assert_problem(fast.post(TAKE, json={"indices": [0], "columns": ["nope"]}), 422, "nope")
@@ -112,8 +117,8 @@ def test_takes_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.Cl
     assert_problem(fast.post(TAKE, json={"indices": list(range(5000)), "delta_timestamps": window}), 413)
 
 
-def test_bodies_in_many_chunks_reach_the_lane_or_the_route_intact(lanes: tuple[httpx.Client, httpx.Client]) -> None:
-    fast, slow = lanes
+def test_bodies_in_many_chunks_arrive_intact(fast_and_slow: tuple[httpx.Client, httpx.Client]) -> None:
+    fast, slow = fast_and_slow
     body = b'{"indices": [' + b", ".join(b"%d" % i for i in range(0, 600, 3)) + b"]}"
     expected = slow.post(TAKE, content=body, headers={"Content-Type": "application/json"}).content
 
@@ -134,9 +139,11 @@ def test_bodies_in_many_chunks_reach_the_lane_or_the_route_intact(lanes: tuple[h
     assert_problem(answer, 413, "larger than the limit of 65536 bytes")
 
 
-def test_lane_takes_are_counted_under_the_take_route(lanes: tuple[httpx.Client, httpx.Client]) -> None:
-    fast, _ = lanes
-    wait_for_the_lane(fast)
+def test_takes_on_the_event_loop_are_counted_under_the_take_route(
+    fast_and_slow: tuple[httpx.Client, httpx.Client],
+) -> None:
+    fast, _ = fast_and_slow
+    wait_for_a_quick_take(fast)
     endpoint = "/datasets/{dataset_id:path}/rows/take"
     before = metric(
         fast.get("/metrics").text, "episerve_requests_total", endpoint=endpoint, method="POST", status="200"
@@ -154,10 +161,10 @@ ROWS = "/datasets/lerobot/demo-v3/rows"
 INLINE_SLICES = "episerve_inline_slices_total"
 
 
-def test_quick_slices_equal_the_regular_route_byte_for_byte(
-    lanes: tuple[httpx.Client, httpx.Client], datasets_root: Path
+def test_quick_slices_equal_slices_read_in_the_pool_byte_for_byte(
+    fast_and_slow: tuple[httpx.Client, httpx.Client], datasets_root: Path
 ) -> None:
-    fast, slow = lanes
+    fast, slow = fast_and_slow
     view = oracle(datasets_root / "lerobot" / "demo-v3", None)
     queries = [
         {},
@@ -171,7 +178,7 @@ def test_quick_slices_equal_the_regular_route_byte_for_byte(
     before = metric(fast.get("/metrics").text, INLINE_SLICES)
     headers = ["content-type", "content-length", "etag", "x-total-rows", "x-start", "x-stop"]
     for query in queries:
-        assert_lane_answers_alike(lambda http, query=query: http.get(ROWS, params=query), lanes, headers)
+        assert_answered_alike(lambda http, query=query: http.get(ROWS, params=query), fast_and_slow, headers)
     assert metric(fast.get("/metrics").text, INLINE_SLICES) - before >= len(queries)
     assert metric(slow.get("/metrics").text, INLINE_SLICES) == 0
 
@@ -179,9 +186,9 @@ def test_quick_slices_equal_the_regular_route_byte_for_byte(
     assert_tables_equal(whole, view)
 
 
-def test_slices_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.Client, httpx.Client]) -> None:
-    fast, _ = lanes
-    assert fast.get(ROWS, params={"stop": 5}).status_code == 200  # the segments the lane could use are mapped
+def test_slices_that_are_not_quick_are_read_in_the_pool(fast_and_slow: tuple[httpx.Client, httpx.Client]) -> None:
+    fast, _ = fast_and_slow
+    assert fast.get(ROWS, params={"stop": 5}).status_code == 200  # the segments a quick read uses are mapped
     before = metric(fast.get("/metrics").text, INLINE_SLICES)
     assert_problem(httpx.get(f"{fast.base_url}{ROWS}"), 401, "bearer token")
     assert_problem(fast.get(ROWS, params={"start": "-1"}), 422, "start")
@@ -201,9 +208,9 @@ def test_slices_the_lane_declines_are_answered_by_the_route(lanes: tuple[httpx.C
     assert metric(fast.get("/metrics").text, INLINE_SLICES) == before + 1  # only the plain slice before the 304
 
 
-def test_unknown_query_parameters_are_422_on_both_lanes(lanes: tuple[httpx.Client, httpx.Client]) -> None:
-    wait_for_the_lane(lanes[0])  # so that the lane could answer, were it not to hand these on
-    for http in lanes:
+def test_unknown_query_parameters_are_422_either_way(fast_and_slow: tuple[httpx.Client, httpx.Client]) -> None:
+    wait_for_a_quick_take(fast_and_slow[0])  # so that these could be answered on the event loop
+    for http in fast_and_slow:
         assert_problem(
             http.get(f"{ROWS}?episode=1"), 422, "unknown query parameter 'episode' (did you mean 'episodes'?)"
         )
@@ -216,10 +223,10 @@ def _post_json(http: httpx.Client, path: str, text: str) -> httpx.Response:
     return http.post(path, content=text, headers={"Content-Type": "application/json"})
 
 
-def test_huge_integers_are_422_on_both_lanes(lanes: tuple[httpx.Client, httpx.Client]) -> None:
+def test_huge_integers_are_422_either_way(fast_and_slow: tuple[httpx.Client, httpx.Client]) -> None:
     nines = "9" * 25
-    wait_for_the_lane(lanes[0])
-    for http in lanes:
+    wait_for_a_quick_take(fast_and_slow[0])
+    for http in fast_and_slow:
         assert_problem(http.get(ROWS, params={"episodes": "9" * 4301}), 422, "(4301 digits) in episodes spec is too")
         assert_problem(http.get(ROWS, params={"episodes": f"1-{nines}"}), 422, f"episode id {nines} in episodes")
         assert_problem(http.get(ROWS, params={"start": "9" * 5000}), 422, "start")
