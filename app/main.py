@@ -19,6 +19,7 @@ from app.api.inflight import InflightBudget
 from app.api.observability import ObservabilityMiddleware
 from app.api.problems import OrjsonResponse, install_problem_handlers, install_problem_schema, problem_responses
 from app.api.query_checks import reject_unknown_query
+from app.api.row_route import install as install_row_routes
 from app.api.tokens import require_token
 from app.api.ui import install_viewer
 from app.auth import TokenVerifier
@@ -87,10 +88,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Every data endpoint may answer these: a missing or wrong token, invalid input, and a catalog still loading
     # or a dataset unreadable.
     guarded = problem_responses(401, 403, 422, 503)
+    install_row_routes(app, rows.router)  # they check what `protected` does themselves
     install_docs(app)
     install_viewer(app)
     app.include_router(health.router)
-    app.include_router(rows.router, responses=guarded)  # its routes check what `protected` does themselves
     app.include_router(cache.router, dependencies=protected, responses=guarded)
     app.include_router(datasets.router, dependencies=protected, responses=guarded)
     app.include_router(mixtures.router, dependencies=protected, responses=guarded)

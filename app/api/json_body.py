@@ -8,7 +8,6 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect
 
 from app.api.body_deadline import body_deadline, body_timeout, until
 from app.errors import InvalidInput, OverLimit, ProblemError
@@ -45,16 +44,20 @@ async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
     check_declared_length(request.headers.get("content-length"), max_bytes)
     timeout_s = request.app.state.settings.body_timeout_s
     body = bytearray()
+    receive = request.receive
     try:
         async with until(body_deadline(timeout_s)):
-            async for chunk in request.stream():
-                body += chunk
+            while True:  # straight from `receive`: Starlette's `stream()` is an async generator, dearer per request
+                message = await receive()
+                if message["type"] == "http.disconnect":  # nobody hears the answer; a problem, so no traceback
+                    raise ProblemError("the client closed the connection before its whole body arrived")
+                body += message.get("body", b"")
                 if len(body) > max_bytes:
                     raise OverLimit(f"the body is larger than the limit of {max_bytes} bytes", max_bytes)
+                if not message.get("more_body", False):
+                    break
     except TimeoutError as exc:
         raise body_timeout(timeout_s) from exc
-    except ClientDisconnect as exc:  # nobody hears the answer; a problem, not an unhandled error, so no traceback
-        raise ProblemError("the client closed the connection before its whole body arrived") from exc
     return decode_json_body(body, model)
 
 

@@ -6,8 +6,10 @@ trainer does not flood the log; every other request, and every failed one, at IN
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -54,17 +56,21 @@ class ObservabilityMiddleware:
         route = scope.get("route")
         endpoint = getattr(route, "path", None) or "unmatched"
         status = seen["status"] if seen["done"] else 499  # the client went away before the last byte
-        metrics.REQUESTS.labels(endpoint, scope["method"], str(status)).inc()
-        metrics.REQUEST_SECONDS.labels(endpoint).observe(seconds)
-        metrics.BYTES_SERVED.labels(endpoint).inc(seen["bytes"])
+        counted = _counters(endpoint, scope["method"], status)
+        counted.requests.inc()
+        counted.seconds.observe(seconds)
+        counted.bytes.inc(seen["bytes"])
         if seen["rows"] is not None:
-            metrics.ROWS_SERVED.labels(endpoint).inc(seen["rows"])
+            counted.rows.inc(seen["rows"])
+        level = access_level(endpoint, status)
+        if not log.isEnabledFor(level):
+            return
         client = scope.get("client")
         address = f"{client[0]}:{client[1]}" if client else None
         query = scope.get("query_string", b"").decode("latin-1")
         path = scope["path"] + (f"?{query}" if query else "")
         log.log(
-            access_level(endpoint, status),
+            level,
             "%s %s %s rows=%s bytes=%d %.1fms client=%s",
             scope["method"],
             path,
@@ -83,6 +89,27 @@ class ObservabilityMiddleware:
                 "client": address,
             },
         )
+
+
+@dataclass(frozen=True)
+class _Counters:
+    """The metrics of one endpoint, method and status (`labels()` takes a lock and hashes on every call)."""
+
+    requests: Any
+    seconds: Any
+    bytes: Any
+    rows: Any
+
+
+@functools.cache
+def _counters(endpoint: str, method: str, status: int) -> _Counters:
+    # Bounded: endpoints are route paths (or "unmatched"), methods and statuses the few HTTP has.
+    return _Counters(
+        metrics.REQUESTS.labels(endpoint, method, str(status)),
+        metrics.REQUEST_SECONDS.labels(endpoint),
+        metrics.BYTES_SERVED.labels(endpoint),
+        metrics.ROWS_SERVED.labels(endpoint),
+    )
 
 
 def access_level(endpoint: str, status: int) -> int:

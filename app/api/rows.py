@@ -24,7 +24,9 @@ from app.reads.multi_takes import TakesRead, naming
 from app.reads.requests import SliceRequest, TakeRequest, TakesRequest
 from app.reads.service import SliceRead, TakeRead
 
-router = APIRouter(tags=["rows"], route_class=RowRoute)
+# Every row endpoint may answer these too: a missing or wrong token, invalid input, and a catalog still loading or a
+# dataset unreadable.
+router = APIRouter(tags=["rows"], route_class=RowRoute, responses=problem_responses(401, 403, 422, 503))
 
 
 def _header(description: str, kind: str = "integer", required: bool = True) -> dict[str, Any]:
