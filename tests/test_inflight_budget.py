@@ -16,8 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from app.api.arrow_response import SEND_BYTES
 from app.api.inflight import InflightBudget
+from app.reads.pieces import PIECE_BYTES
 from tests.support import ServerProcess, assert_tables_equal, read_stream, rss_anon_with_children
+from tests.test_operations import metric
 
 ROWS = 480
 BLOB_BYTES = 256 * 1024  # 120 MiB in all: every stalled take asks for all of it
@@ -145,3 +148,65 @@ def test_the_budget_makes_holds_wait_their_turn_and_grants_an_oversized_one_alon
         return order
 
     assert asyncio.run(scenario()) == ["used 90", "used 500", "used 0"]
+
+
+def test_a_large_answer_reads_its_next_piece_while_one_is_sent(server: ServerProcess) -> None:
+    """A reader that stops after the head: the server sends what the socket takes of the first piece and reads the
+    next one meanwhile, so two pieces are held; the answer is whole once read."""
+    sock = _stalled_take(server)
+    try:
+        held, deadline = 0.0, time.monotonic() + 20
+        with server.client() as http:
+            while held < SEND_BYTES + PIECE_BYTES + PIECE_BYTES // 2 and time.monotonic() < deadline:
+                held = metric(http.get("/metrics").text, "episerve_inflight_bytes")
+                time.sleep(0.05)
+        assert held >= SEND_BYTES + PIECE_BYTES + PIECE_BYTES // 2, f"{held / 2**20:.1f} MiB held: no piece read ahead"
+        assert held <= SEND_BYTES + 3 * PIECE_BYTES, f"{held / 2**20:.1f} MiB held: more than two pieces"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        got = read_stream(_body_of(_read_response(sock)))
+    finally:
+        sock.close()
+    assert got.column("index").to_pylist() == list(range(ROWS))
+    assert got.column("blob")[ROWS - 1].as_py() == _blob(ROWS - 1)
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """Everything up to the end of a chunked response (the connection stays open: keep-alive)."""
+    data = bytearray()
+    while not data.endswith(b"\r\n0\r\n\r\n"):
+        chunk = sock.recv(1 << 20)
+        assert chunk, "the server closed the connection mid-answer"
+        data += chunk
+    return bytes(data)
+
+
+def _body_of(response: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 response."""
+    head, _, rest = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower(), head
+    body = bytearray()
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return bytes(body)
+        body += rest[:size]
+        rest = rest[size + 2 :]
+
+
+def test_reading_ahead_takes_only_the_spare_half_of_the_budget() -> None:
+    async def scenario() -> list[bool]:
+        budget = InflightBudget(100)
+        first, second = budget.try_hold(30), budget.try_hold(10)
+        assert first is not None and second is not None
+        grown = [first.try_grow_into_spare(40)]  # 50 of 100 held: still half free
+        grown.append(second.try_grow_into_spare(11))  # would be 51
+        waiting = asyncio.ensure_future(budget.hold(60))  # does not fit: waits
+        await asyncio.sleep(0)
+        grown.append(second.try_grow_into_spare(12))  # somebody waits: nothing ahead of need
+        first.release()
+        await waiting
+        assert budget.used == 70
+        return grown
+
+    assert asyncio.run(scenario()) == [True, False, False]

@@ -8,8 +8,8 @@ task group watching for the client leaving; for a 15 MB range that machinery cos
 Here each batch is encoded on the event loop right before it is sent (only its message header is new; larger
 batches, such as windowed answers, are cut into slices first), and the stream stops as soon as the client goes
 away. `ArrowPiecesResponse` sends an answer read piece by piece (`app.reads.pieces`), or a large compressed one,
-chunked: each next piece is read in the thread pool only once the one before is sent and the budget has room,
-and compressed batch by batch. The first two send `Content-Length`; the last, whose size is not known in
+chunked: each next piece is read in the thread pool while the one before is sent when the spare half of the
+budget has room for it, else once the one before is sent and the budget has room; and compressed batch by batch. The first two send `Content-Length`; the last, whose size is not known in
 advance, is chunked.
 """
 
@@ -145,8 +145,11 @@ class ArrowStreamResponse(_HeldResponse):
 
 class ArrowPiecesResponse(_HeldResponse):
     """An Arrow IPC stream of unknown length (chunked): the `first` piece of an answer, then each piece of `rest`,
-    read (in the thread pool, among the row reads) only once the one before is sent and the in-flight budget has
-    room for it; with `codec`, each batch compressed as it is sent."""
+    read in the thread pool (among the row reads) while the piece before is sent when the spare half of the
+    in-flight budget has room for it right away, else once the piece before is sent and the budget has room;
+    with `codec`, each batch compressed as it is sent. Reading ahead keeps decoding camera frames from waiting on
+    the socket, and the socket on decoding; a client that stops reading holds at most two pieces, the second
+    only while the budget is at most half spent."""
 
     media_type = ARROW_STREAM_MEDIA_TYPE
 
@@ -161,6 +164,7 @@ class ArrowPiecesResponse(_HeldResponse):
     async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnect(receive))
         encoder = StreamEncoder(self.first.schema, self.codec)
+        ahead: asyncio.Future[Piece] | None = None
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             piece: Piece | None = self.first
@@ -168,19 +172,37 @@ class ArrowPiecesResponse(_HeldResponse):
                 return
             rows = 0
             while piece is not None:
+                ahead = self._read_ahead(scope, piece)
                 for batch in bounded(piece.batches, PIECE_BYTES):
                     if not await _sent(encoder.batch(batch, piece.pending), send, gone):
                         return
                     rows += batch.num_rows
                 try:
-                    piece = await self._next_piece(scope)
+                    piece = await ahead if ahead is not None else await self._next_piece(scope)
                 except Exception as exc:  # too late for an error status: the stream stays unfinished
                     _cut_short(scope, rows, exc)
                     return
+                finally:
+                    ahead = None
+                if piece is not None and self.hold is not None:
+                    self.hold.set(SEND_BYTES + piece.nbytes)  # the piece sent is gone; the one read ahead is held
             await _sent(encoder.end(), send, gone)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
+            if ahead is not None:
+                ahead.cancel()  # its thread finishes on its own; nobody takes its piece
+
+    def _read_ahead(self, scope: Scope, current: Piece) -> asyncio.Future[Piece] | None:
+        """The next piece, being read in the pool while `current` is sent, when there is one and the spare half of
+        the budget has room for it right now."""
+        rest = self.rest
+        if rest is None or not rest.remaining:
+            return None
+        expected = int(rest.next_rows() * rest.row_bytes)
+        if self.hold is not None and not self.hold.try_grow_into_spare(SEND_BYTES + current.nbytes + expected):
+            return None
+        return asyncio.ensure_future(_in_pool(scope, rest.next_piece))
 
     async def _next_piece(self, scope: Scope) -> Piece | None:
         """The next piece of the answer (None after the last), read once the budget has room for it."""
@@ -190,12 +212,13 @@ class ArrowPiecesResponse(_HeldResponse):
         if self.hold is not None:
             self.hold.set(SEND_BYTES)
             await self.hold.grow_to(SEND_BYTES + int(rest.next_rows() * rest.row_bytes))
-        state = scope["app"].state if "app" in scope else None
-        limiter = getattr(state, "read_limiter", None)
-        piece = await anyio.to_thread.run_sync(rest.next_piece, limiter=limiter)
-        if self.hold is not None:
-            self.hold.set(SEND_BYTES + piece.nbytes)
-        return piece
+        return await _in_pool(scope, rest.next_piece)
+
+
+async def _in_pool(scope: Scope, read: Callable[[], Piece]) -> Piece:
+    """`read()` in the thread pool, among the row reads of this process (`app.state.read_limiter`)."""
+    state = scope["app"].state if "app" in scope else None
+    return await anyio.to_thread.run_sync(read, limiter=getattr(state, "read_limiter", None))
 
 
 class ArrowChunksResponse(_HeldResponse):

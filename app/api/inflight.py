@@ -3,7 +3,8 @@
 Every row answer holds a `Hold` on the budget from before its rows are read until its last byte is handed to the
 transport: the piece of rows it has computed and not sent yet, plus what the transport may buffer of one send.
 A read that finds the budget spent waits (first come, first served) until answers in flight release theirs; a
-client that stops reading holds at most its piece until the send timeout cuts it off. A single hold larger than
+client that stops reading holds at most its piece (and the next, read ahead while the budget was at most half
+spent) until the send timeout cuts it off. A single hold larger than
 the whole budget is granted once nothing else is held, so no answer waits forever.
 """
 
@@ -53,6 +54,10 @@ class InflightBudget:
                 self._grant()
             raise
 
+    def spare(self, size: int) -> bool:
+        """Whether `size` more bytes would leave at least half of the budget free, with nobody waiting."""
+        return not self._waiting and self.used + size <= self.limit // 2
+
     def _fits(self, size: int) -> bool:
         return self.used == 0 or self.used + size <= self.limit
 
@@ -89,6 +94,19 @@ class Hold:
         if self.budget.try_hold(extra) is None:
             await self.budget._wait_for(extra)
         self.size = size
+
+    def try_grow_into_spare(self, size: int) -> bool:
+        """Hold `size` bytes in all if the difference fits in the spare half of the budget right now (nobody
+        waiting, at most half of it held afterwards); whether it is held. For work done ahead of need, such as
+        reading the next piece of an answer while one is sent: it never makes another read wait, however many
+        clients stop reading."""
+        extra = size - self.size
+        if extra > 0:
+            if not self.budget.spare(extra):
+                return False
+            self.budget._take(extra)
+            self.size = size
+        return True
 
     def set(self, size: int) -> None:
         """Hold `size` bytes in all, now (memory already taken counts even over the limit)."""
