@@ -15,7 +15,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -244,12 +244,23 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
         built = warm(dataset, needed, progress)
     print(f"{dataset.id}: {len(needed)} segments needed, {built} built, {len(needed) - built} already cached")
     if videos:
+        print(_projected_frames(dataset.id, dataset.cache_status()["frame_segments"]["projected"]))
         with tqdm(total=len(videos), unit="videos", desc=f"decoding {dataset.id} cameras") as bar:
             built, too_large = warm_videos(dataset, videos, on_segment=lambda: bar.update(1))
         cached = len(videos) - built - too_large
         print(f"{dataset.id}: {len(videos)} video files needed, {built} decoded, {cached} already cached", end="")
         print(f", {too_large} larger than EPISERVE_VIDEO_CACHE_BYTES (decoded on demand)" if too_large else "")
     return 0
+
+
+def _projected_frames(dataset_id: str, projected: dict[str, Any]) -> str:
+    """One line on the disk all of a dataset's decoded frames take (`frame_tiers.projected_frame_disk`)."""
+    about = "about " if projected["estimated"] else ""
+    line = (
+        f"{dataset_id}: all decoded frames take {about}{projected['bytes'] / 1e9:.2f} GB as "
+        f"{', '.join(projected['tiers'])} (exact pixels: {projected['raw_bytes'] / 1e9:.2f} GB)"
+    )
+    return line + (f"; {projected['note']}" if "note" in projected else "")
 
 
 def unknown_dataset(catalog: Catalog, dataset_id: str) -> str:

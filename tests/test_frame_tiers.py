@@ -120,6 +120,16 @@ def test_jpeg_segments_are_a_fraction_of_raw_frames(jpeg_server: ServerProcess, 
         )
         frames = orjson.loads(sidecar.read_bytes())["rows"]
         assert nbytes < frames * height * width * channels / 3, (rel, nbytes, frames)
+    with httpx.Client(base_url=jpeg_server.url, timeout=120) as http:
+        report = http.get("/datasets/cams-v3/cache").json()
+        assert "frame_segments" in report, report
+        status = report["frame_segments"]
+    projected = status["projected"]
+    assert status["built"] == len(sizes) and status["bytes"] == sum(sizes.values())
+    assert projected["tiers"] == [f"jpeg:{QUALITY}:420"] and projected["estimated"] is True
+    assert projected["frames_per_camera"] == info["total_frames"]
+    assert sum(sizes.values()) <= projected["bytes"] < projected["raw_bytes"]  # a generous estimate, below raw
+    assert projected["fits_budget"] is True and "note" not in projected
 
 
 def test_encoded_frames_on_the_wire_are_the_tiers_bytes_or_a_jpeg_of_exact_frames(

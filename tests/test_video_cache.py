@@ -127,11 +127,27 @@ def test_eviction_under_a_small_budget_keeps_the_most_recently_used_segments_and
         status = http.get("/datasets/cams-v21/cache").json()["frame_segments"]
     resident = set(frame_segments(cache))
     assert 1 < len(resident) < 9  # some were evicted, some kept
+    projected = status.pop("projected")
     assert status == {
         "built": len(resident),
         "bytes": sum(p.stat().st_size for p in frame_segments(cache).values()),
         "budget_bytes": budget,
     }
+    info = orjson.loads((root / "meta" / "info.json").read_bytes())
+    shapes = [feature["shape"] for feature in info["features"].values() if feature["dtype"] == "video"]
+    frames = info["total_frames"]
+    exact = sum(frames * (int(np.prod(shape)) + 8) + 64 * 1024 for shape in shapes)  # pixels, times, framing
+    note = projected.pop("note")
+    assert projected == {
+        "tiers": ["raw"],
+        "frames_per_camera": frames,
+        "bytes": exact,
+        "estimated": False,
+        "raw_bytes": exact,
+        "fits_budget": False,
+    }
+    assert "EPISERVE_VIDEO_CACHE_BYTES" in note and "decoded on demand" in note
+    assert "EPISERVE_VIDEO_FRAME_TIER=jpeg" in note  # what would fit, said where exact frames do not
     most_recent = list(dict.fromkeys(reversed(order)))  # distinct episodes, most recently read first
     assert resident == {files[e] for e in most_recent[: len(resident)]}
 
@@ -145,6 +161,8 @@ def test_a_video_larger_than_the_whole_budget_is_decoded_on_demand(video_root: P
     )
     assert result.returncode == 0, result.stderr
     assert "2 larger than EPISERVE_VIDEO_CACHE_BYTES (decoded on demand)" in result.stdout
+    assert "cams: all decoded frames take " in result.stdout and "(exact pixels: " in result.stdout
+    assert "as JPEG (EPISERVE_VIDEO_FRAME_TIER=jpeg, lossy) they would need at most" in result.stdout
     with ServerProcess([root], cache, env=env) as server, httpx.Client(base_url=server.url, timeout=60) as http:
         body = {"episodes": [1], "indices": [5, 0], "columns": [*ROWS, TOP_CAMERA]}
         table = read_stream(http.post("/datasets/cams/rows/take", json=body).content)

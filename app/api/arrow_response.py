@@ -9,8 +9,8 @@ Here each batch is encoded on the event loop right before it is sent (only its m
 batches, such as windowed answers, are cut into slices first), and the stream stops as soon as the client goes
 away. `ArrowPiecesResponse` sends an answer read piece by piece (`app.reads.pieces`), or a large compressed one,
 chunked: each next piece is read in the thread pool while the one before is sent when the spare half of the
-budget has room for it, else once the one before is sent and the budget has room; and compressed batch by batch. The first two send `Content-Length`; the last, whose size is not known in
-advance, is chunked.
+budget has room for it, else once the one before is sent and the budget has room; and compressed batch by
+batch. The first two send `Content-Length`; the last, whose size is not known in advance, is chunked.
 """
 
 from __future__ import annotations

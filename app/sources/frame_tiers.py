@@ -245,3 +245,35 @@ def estimated_frame_segment_bytes(schema: pa.Schema, frames: int) -> int:
         quality = int(field_.metadata[QUALITY_KEY].split(b":")[0])
         raw //= 4 if quality > 95 else 8
     return frames * (raw + 8) + 64 * 1024  # plus presentation times and the IPC file's framing
+
+
+def projected_frame_disk(cameras: Sequence[Any], frames: int, budget_bytes: int | None) -> dict[str, Any]:
+    """What the decoded-frame segments of `frames` frames of each of `cameras` (`VideoFeature`s) take on disk:
+    under their tiers (`bytes`; estimated for encoded tiers, see `estimated_frame_segment_bytes`) and as exact
+    pixels (`raw_bytes`), and whether that fits `budget_bytes` (the video cache budget, which every dataset
+    shares; None: no limit); when it does not, a `note` saying what happens and what would fit."""
+    kept = sum(estimated_frame_segment_bytes(camera.tier.schema(camera.shape), frames) for camera in cameras)
+    raw = sum(estimated_frame_segment_bytes(RAW.schema(camera.shape), frames) for camera in cameras)
+    report: dict[str, Any] = {
+        "tiers": sorted({str(camera.tier) for camera in cameras}),
+        "frames_per_camera": frames,
+        "bytes": kept,
+        "estimated": any(camera.tier.decodes for camera in cameras),
+        "raw_bytes": raw,
+        "fits_budget": budget_bytes is None or kept <= budget_bytes,
+    }
+    if budget_bytes is not None and kept > budget_bytes:
+        note = (
+            f"the decoded frames need about {_gigabytes(kept)}; the video cache budget "
+            f"(EPISERVE_VIDEO_CACHE_BYTES) is {_gigabytes(budget_bytes)}, shared by every dataset: frames beyond "
+            "it are decoded on demand"
+        )
+        if not report["estimated"]:
+            jpeg = sum(estimated_frame_segment_bytes(JpegTier().schema(camera.shape), frames) for camera in cameras)
+            note += f"; as JPEG (EPISERVE_VIDEO_FRAME_TIER=jpeg, lossy) they would need at most {_gigabytes(jpeg)}"
+        report["note"] = note
+    return report
+
+
+def _gigabytes(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"

@@ -234,7 +234,9 @@ class Dataset:
 
     def cache_status(self) -> dict[str, Any]:
         """Segments built / total and their bytes on disk, and the decoded-frame segments of its cameras."""
-        status = self.rows.status(self.index())
-        if self.info().videos:
-            status["frame_segments"] = self.frames.status()
+        index = self.index()
+        status = self.rows.status(index)
+        cameras = list(self.info().videos.values())
+        if cameras:
+            status["frame_segments"] = self.frames.status(cameras, index.total_rows)
         return status

@@ -8,13 +8,15 @@ remembered while the file stays unchanged (one `stat` per request instead of a r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from app.sources import SourceFingerprint
-from app.sources.frame_tiers import estimated_frame_segment_bytes
+from app.sources.frame_tiers import estimated_frame_segment_bytes, projected_frame_disk
+from app.sources.source import VideoFeature
 from app.store.frame_budget import FrameBudget
 from app.store.mapped_segments import Segment, SegmentLRU
 from app.store.segments import SegmentStore
@@ -74,10 +76,16 @@ class FrameCache(SegmentStore):
         so the next request maps the file now at its path."""
         self.lru.discard(str(segment.path))
 
-    def status(self) -> dict[str, Any]:
-        """Segments built, their bytes, and the budget."""
+    def status(self, cameras: Sequence[VideoFeature], frames: int) -> dict[str, Any]:
+        """Segments built, their bytes, the budget, and the disk all the frames of `cameras` (`frames` each) would
+        take (`projected`)."""
         sizes = self.published_sizes()
-        return {"built": len(sizes), "bytes": sum(sizes), "budget_bytes": self.budget.limit}
+        return {
+            "built": len(sizes),
+            "bytes": sum(sizes),
+            "budget_bytes": self.budget.limit,
+            "projected": projected_frame_disk(cameras, frames, self.budget.limit),
+        }
 
     def _admit(self, source: SourceFingerprint, schema: pa.Schema) -> bool:
         """Make room in the budget for the decoded-frame segment of `source` (False: it never fits)."""
