@@ -64,6 +64,15 @@ def test_a_problem_in_a_later_piece_cuts_the_answer_and_every_reader_sees_an_err
             client.take("shifted", indices, columns=[TOP_CAMERA])
 
         assert client.take("shifted", indices[:-1], columns=[TOP_CAMERA]).num_rows == len(indices) - 1
+        with httpx.Client(base_url=server.url) as http:
+            counted = re.findall(
+                r'episerve_requests_total\{endpoint="/datasets/\{dataset_id:path\}/rows/take",method="POST",'
+                r'status="(\d+)"\} [1-9]',
+                http.get("/metrics").text,
+            )
+        statuses = set(counted)
     log = server.log_path.read_text()
     assert re.search(rf"answer cut short after \d+ rows: no frame of '{TOP_CAMERA}'", log)  # a line, the problem
+    # Counted with the problem's status, not as 499 (a client that left): every reader stayed to the end.
+    assert "499" not in statuses and any(400 <= int(status) < 600 for status in statuses), statuses
     assert "Traceback" not in log, log[-3000:]

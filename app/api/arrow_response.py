@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from app.api.inflight import Hold
+from app.api.observability import CUT_SHORT
 from app.errors import ProblemError
 from app.reads.arrow_ipc import (
     ARROW_STREAM_MEDIA_TYPE,
@@ -325,7 +326,9 @@ def _cut_short(scope: Scope, rows: int, exc: Exception) -> None:
     last chunk, so the server closes the connection and every reader sees an incomplete body, never a shorter
     answer; a problem the client caused is no server error, and a traceback per such answer would flood the log."""
     detail = exc.detail if isinstance(exc, ProblemError) else f"{type(exc).__name__}: {exc}"
-    level = logging.WARNING if isinstance(exc, ProblemError) and exc.status < 500 else logging.ERROR
+    status = exc.status if isinstance(exc, ProblemError) else 500
+    scope[CUT_SHORT] = status  # the access log and metrics record it, not a client that left (499)
+    level = logging.WARNING if status < 500 else logging.ERROR
     log.log(level, "%s %s: answer cut short after %d rows: %s", scope.get("method"), scope.get("path"), rows, detail)
 
 

@@ -18,6 +18,7 @@ from app import metrics
 
 log = logging.getLogger("episerve.access")
 
+CUT_SHORT = "episerve.cut_short"  # scope key: the status of the problem that cut an answer short once it was under way
 ROW_READ_ROUTES = frozenset({"/datasets/{dataset_id:path}/rows", "/datasets/{dataset_id:path}/rows/take", "/takes"})
 
 
@@ -55,7 +56,8 @@ class ObservabilityMiddleware:
     def _record(scope: Scope, seen: dict[str, Any], seconds: float) -> None:
         route = scope.get("route")
         endpoint = getattr(route, "path", None) or "unmatched"
-        status = seen["status"] if seen["done"] else 499  # the client went away before the last byte
+        # Unfinished: cut short by a problem found once the status was out (its status), else the client left.
+        status = seen["status"] if seen["done"] else scope.get(CUT_SHORT, 499)
         counted = _counters(endpoint, scope["method"], status)
         counted.requests.inc()
         counted.seconds.observe(seconds)

@@ -124,10 +124,15 @@ class RowRead:
         reusing what the decision prepared when the snapshot is the same."""
         plan = self._plan
         if plan is not None and self._quick:
+            self._quick = False  # one answer on the decided snapshot; asked again (in the pool), made afresh
             try:
                 return plan.answer()
             except SourceChanged as exc:  # since the decision: reloading is the thread pool's
+                self._plan = None
                 raise WouldBlock(f"a source file of dataset {self.dataset.id!r} changed") from exc
+            except WouldBlock:
+                self._plan = None
+                raise
         return self.dataset.with_fresh_index(
             lambda index: (plan if plan is not None and plan.read.index is index else self._planned(index)).answer()
         )
