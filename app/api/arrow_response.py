@@ -146,11 +146,11 @@ class ArrowStreamResponse(_HeldResponse):
 
 class ArrowPiecesResponse(_HeldResponse):
     """An Arrow IPC stream of unknown length (chunked): the `first` piece of an answer, then each piece of `rest`,
-    read in the thread pool (among the row reads) while the piece before is sent when the spare half of the
-    in-flight budget has room for it right away, else once the piece before is sent and the budget has room;
-    with `codec`, each batch compressed as it is sent. Reading ahead keeps decoding camera frames from waiting on
-    the socket, and the socket on decoding; a client that stops reading holds at most two pieces, the second
-    only while the budget is at most half spent."""
+    read in the thread pool (among the row reads) while the piece before is sent when it holds camera frames and
+    the spare half of the in-flight budget has room for it right away, else once the piece before is sent and the
+    budget has room; with `codec`, each batch compressed as it is sent. Reading ahead keeps decoding camera frames
+    from waiting on the socket, and the socket on decoding; a client that stops reading holds at most two pieces,
+    the second only while the budget is at most half spent."""
 
     media_type = ARROW_STREAM_MEDIA_TYPE
 
@@ -195,10 +195,10 @@ class ArrowPiecesResponse(_HeldResponse):
                 ahead.cancel()  # its thread finishes on its own; nobody takes its piece
 
     def _read_ahead(self, scope: Scope, current: Piece) -> asyncio.Future[Piece] | None:
-        """The next piece, being read in the pool while `current` is sent, when there is one and the spare half of
-        the budget has room for it right now."""
+        """The next piece, being read in the pool while `current` is sent, when there is one worth reading ahead
+        (`RowPieces.read_ahead`: camera frames) and the spare half of the budget has room for it right now."""
         rest = self.rest
-        if rest is None or not rest.remaining:
+        if rest is None or not rest.remaining or not rest.read_ahead:
             return None
         expected = int(rest.next_rows() * rest.row_bytes)
         if self.hold is not None and not self.hold.try_grow_into_spare(SEND_BYTES + current.nbytes + expected):

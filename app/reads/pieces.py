@@ -36,10 +36,14 @@ class Piece:
 
 class RowPieces:
     """The pieces of an answer over `rows`, computed by `compute` (rows -> piece) in request order; `row_bytes`:
-    the guessed bytes of one row, which sizes the first piece."""
+    the guessed bytes of one row, which sizes the first piece; `read_ahead`: whether a piece is worth computing
+    while the one before is sent (camera frames, decoded or gathered; stored rows are a copy from the maps, which
+    reading ahead would only hold in memory longer)."""
 
-    def __init__(self, rows: np.ndarray, row_bytes: float, compute: Callable[[np.ndarray], Piece]) -> None:
-        self.rows, self.compute = rows, compute
+    def __init__(
+        self, rows: np.ndarray, row_bytes: float, compute: Callable[[np.ndarray], Piece], read_ahead: bool = False
+    ) -> None:
+        self.rows, self.compute, self.read_ahead = rows, compute, read_ahead
         self.row_bytes = max(1.0, row_bytes)
         self.done = 0  # rows computed so far
 

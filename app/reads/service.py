@@ -373,7 +373,9 @@ class _TakePlan(_Plan):
 def _in_pieces(plan: _SlicePlan | _TakePlan, rows: np.ndarray, headers: dict[str, str], codec: str | None) -> Answer:
     """The answer over view `rows` cut into pieces: the first read now (a problem with it is still an error
     response), the rest as the encoder asks for them."""
-    pieces = RowPieces(rows, _guessed_row_bytes(plan.prepared, rows), plan.piece)
+    prepared = plan.prepared
+    cameras = any(name in prepared.read.cameras for name in prepared.names or prepared.read.cameras)
+    pieces = RowPieces(rows, _guessed_row_bytes(prepared, rows), plan.piece, read_ahead=cameras)
     first = pieces.next_piece()
     rest = pieces if pieces.remaining else None
     return Answer(first.schema, first.batches, headers, codec, first.pending, rest=rest)
