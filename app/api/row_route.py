@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.routing import APIRoute
@@ -38,6 +38,7 @@ from app.reads.multi_takes import TakesRead
 from app.reads.service import Answer, NotModified, RowRead, TakeRead
 
 Endpoint = Callable[..., Coroutine[Any, Any, Response]]
+T = TypeVar("T")
 
 
 class RowRoute(APIRoute):
@@ -104,20 +105,11 @@ async def answered(request: Request, read: RowRead) -> Response:
     now, else in the thread pool once the budget has room for its first piece. The response holds its bytes on the
     budget until it is sent."""
     state = request.app.state
-    inline_bytes = state.settings.inline_read_bytes
-    if inline_bytes and _quick(read):
-        hold = state.inflight.try_hold(inline_bytes + SEND_BYTES)
-        if hold is not None:
-            try:
-                answer = read.answer()
-            except WouldBlock:
-                hold.release()  # the snapshot moved on: the pool reads it afresh
-            except BaseException:
-                hold.release()
-                raise
-            else:
-                (metrics.INLINE_TAKES if isinstance(read, TakeRead) else metrics.INLINE_SLICES).inc()
-                return to_response(answer, hold)
+    inline = _read_inline(state, read, read.answer)
+    if inline is not None:
+        answer, hold = inline
+        (metrics.INLINE_TAKES if isinstance(read, TakeRead) else metrics.INLINE_SLICES).inc()
+        return to_response(answer, hold)
     hold = await state.inflight.hold(FIRST_HOLD_BYTES)
     try:
         return to_response(await run_read(request, read.answer), hold)
@@ -129,25 +121,33 @@ async def answered(request: Request, read: RowRead) -> Response:
 def answered_at_once(request: Request, takes: TakesRead) -> Response | None:
     """The answer of a `POST /takes` whose takes are all quick, read right here, or None (not quick, or the
     in-flight budget spent: the caller answers each in the pool)."""
-    state = request.app.state
+    inline = _read_inline(request.app.state, takes, lambda: [read.answer() for read in takes.reads])
+    if inline is None:
+        return None
+    answers, hold = inline
+    metrics.INLINE_TAKES.inc(len(answers))
+    if any(answer.codec is not None for answer in answers):  # compressed as sent, a take at a time
+        return ArrowStreamsResponse([to_response(answer) for answer in answers], [], takes_headers(takes), hold)
+    return arrow_streams_response(answers, takes_headers(takes), hold)
+
+
+def _read_inline(state: Any, read: RowRead | TakesRead, answer: Callable[[], T]) -> tuple[T, Hold] | None:
+    """`answer()` with its hold on the in-flight budget, read right here when `read` is quick and the budget has
+    room right now; None when it must go to the pool (not quick, the budget spent, or the snapshot moved on)."""
     inline_bytes = state.settings.inline_read_bytes
-    if not inline_bytes or not _quick(takes):
+    if not inline_bytes or not _quick(read):
         return None
     hold = state.inflight.try_hold(inline_bytes + SEND_BYTES)
     if hold is None:
         return None
     try:
-        answers = [read.answer() for read in takes.reads]
+        return answer(), hold
     except WouldBlock:
-        hold.release()
+        hold.release()  # the snapshot moved on: the pool reads it afresh
         return None
     except BaseException:
         hold.release()
         raise
-    metrics.INLINE_TAKES.inc(len(answers))
-    if any(answer.codec is not None for answer in answers):  # compressed as sent, a take at a time
-        return ArrowStreamsResponse([to_response(answer) for answer in answers], [], takes_headers(takes), hold)
-    return arrow_streams_response(answers, takes_headers(takes), hold)
 
 
 def takes_headers(takes: TakesRead) -> dict[str, str]:
