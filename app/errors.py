@@ -13,6 +13,9 @@ class ProblemError(Exception):
 
     status = 400
     title = "Bad request"
+    # A 503 that a retry cannot cure (the operator must fix a file first): answered without `Retry-After` and with
+    # `"transient": false`, so that clients give up at once instead of retrying for their whole deadline.
+    permanent = False
 
     def __init__(
         self,
@@ -72,17 +75,19 @@ class OverLimit(ProblemError):
 
 
 class TryLater(ProblemError):
-    """A transient condition (e.g. a source file changed mid-build); retrying may succeed."""
+    """A transient condition (e.g. a source file changed mid-build, a download under way); retrying may succeed."""
 
     status = 503
     title = "Service unavailable"
 
 
 class DatasetError(ProblemError):
-    """A dataset on disk is unreadable or inconsistent (an operator problem, not the client's)."""
+    """A dataset on disk is unreadable or inconsistent (an operator problem, not the client's): retrying does not
+    help until the operator fixes it (`permanent`), unless a subclass says otherwise."""
 
     status = 503
     title = "Dataset unavailable"
+    permanent = True
 
 
 class WouldBlock(Exception):

@@ -133,3 +133,23 @@ def test_an_over_limit_take_in_takes_is_a_413_naming_it(video_root: Path, tmp_pa
         assert http.post("/takes", json={"takes": [within]}).status_code == 200
         answer = http.post("/takes", json={"takes": [within, within]})
         assert_problem(answer, 413, "the 2 takes' camera frames are 221184 bytes", "EPISERVE_MAX_FRAME_BYTES")
+
+
+def test_a_problem_only_the_operator_can_cure_is_not_retried(
+    server: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An invalid mixture file is a 503 marked `transient: false` with no `Retry-After`: the client raises at once
+    instead of retrying for its whole deadline. A dataset that is only loading still asks for a retry."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        answer = http.get("/mixtures/broken")
+        body = assert_problem(answer, 503, "YAML syntax error")
+        assert body["transient"] is False and body["title"] == "Mixture unavailable"
+        assert "retry-after" not in answer.headers
+    retries = episerve.Retries(attempts=10, backoff=0.5, deadline=60)
+    with episerve.Client(server.url, retries=retries) as client, caplog.at_level("WARNING", logger="episerve"):
+        started = time.monotonic()
+        with pytest.raises(episerve.Unavailable, match="YAML syntax error") as caught:
+            client.mixture("broken")
+        assert time.monotonic() - started < 2.0
+    assert caught.value.body["transient"] is False
+    assert not [record for record in caplog.records if "retry" in record.getMessage()]

@@ -31,6 +31,9 @@ class Problem(BaseModel):
     detail: str = Field(description="What was wrong with this request.")
     limit: int | None = Field(None, description="413: the limit the request exceeds.")
     errors: list[dict[str, Any]] | None = Field(None, description="422: each invalid field (`loc`, `msg`, `type`).")
+    transient: bool | None = Field(
+        None, description="503: false when retrying cannot help until the operator fixes a file (no `Retry-After`)."
+    )
 
 
 _PROBLEM_DESCRIPTIONS = {
@@ -41,8 +44,9 @@ _PROBLEM_DESCRIPTIONS = {
     413: "The request exceeds a limit (`limit` says which number)",
     415: "The body is not application/json",
     422: "Invalid input: the detail names the parameter or field and what is wrong",
-    503: "Not ready (catalog loading), a dataset unreadable, its object store failing or too slow, or a source file "
-    "changed mid-read: retry",
+    503: "Not ready (catalog loading, a download under way), its object store failing or too slow, or a source file "
+    "changed mid-read: retry after `Retry-After`. A dataset or mixture file the operator must fix first: "
+    "`transient` is false and there is no `Retry-After`",
 }
 
 
@@ -107,7 +111,8 @@ log = logging.getLogger("episerve")
 def problem(
     status: int, detail: str, title: str | None = None, headers: dict[str, str] | None = None, **extra: Any
 ) -> OrjsonResponse:
-    """A problem-details JSON response."""
+    """A problem-details JSON response. A 503 asks the client to retry in a second (`Retry-After`) unless it is
+    marked `transient=False`: a problem only the operator can cure."""
     phrase = HTTPStatus(status).phrase
     body = {
         "type": f"https://episerve.dev/problems/{phrase.lower().replace(' ', '-')}",
@@ -116,7 +121,8 @@ def problem(
         "detail": detail,
         **extra,
     }
-    headers = {**({"Retry-After": "1"} if status == 503 else {}), **(headers or {})}
+    retry = status == 503 and extra.get("transient", True)
+    headers = {**({"Retry-After": "1"} if retry else {}), **(headers or {})}
     return OrjsonResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
@@ -127,7 +133,9 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def problem_error(request: Request, exc: ProblemError) -> OrjsonResponse:
         if isinstance(exc, DatasetError):
             log.error("dataset error on %s: %s", request.url.path, exc.detail)
-        extra = {"limit": exc.limit} if exc.limit is not None else {}
+        extra: dict[str, Any] = {"limit": exc.limit} if exc.limit is not None else {}
+        if exc.permanent:
+            extra["transient"] = False
         return problem(exc.status, exc.public_detail(), exc.title or None, headers=exc.headers, **extra)
 
     @app.exception_handler(RequestValidationError)

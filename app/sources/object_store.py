@@ -40,7 +40,9 @@ log = logging.getLogger("episerve.store")
 
 
 class ObjectStoreError(DatasetError):
-    """The object store could not be read (unreachable, slow, refusing): a 503 naming the object."""
+    """The object store could not be read (unreachable, slow, refusing): a 503 naming the object, to retry."""
+
+    permanent = False
 
 
 @dataclass(frozen=True)

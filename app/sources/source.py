@@ -259,7 +259,9 @@ class Source(Protocol):
 
 class SourceReplaced(DatasetError):
     """The object read is not the version that was fingerprinted (re-uploaded since): nothing read from it may be
-    kept under the old fingerprint."""
+    kept under the old fingerprint. A retry reads the new version."""
+
+    permanent = False
 
 
 def schema_hash(schema: pa.Schema) -> str:

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from app.errors import DoesNotExist, ProblemError, TryLater
+from app.errors import DatasetError, DoesNotExist, ProblemError
 from app.store.catalog import validate_dataset_id
 
 SUFFIXES = (".json", ".yaml", ".yml")
@@ -74,6 +74,12 @@ def mixture_ids(directory: Path | None) -> list[str]:
     return sorted(found)
 
 
+class InvalidMixture(DatasetError):
+    """A mixture file that does not parse or validate: a 503 until the operator fixes the file, not retried."""
+
+    title = "Mixture unavailable"
+
+
 def load_mixture(directory: Path | None, mixture_id: str) -> MixtureDocument:
     """The document of mixture `mixture_id`; 404 when there is none, 503 naming the file when it is invalid (the
     problem says where and what, never the content)."""
@@ -85,9 +91,9 @@ def load_mixture(directory: Path | None, mixture_id: str) -> MixtureDocument:
         return MixtureDocument.model_validate(_parse(path))
     except ValidationError as exc:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg']}" for e in exc.errors())
-        raise TryLater(f"the mixture file {path.name!r} of {mixture_id!r} is invalid: {detail}") from None
+        raise InvalidMixture(f"the mixture file {path.name!r} of {mixture_id!r} is invalid: {detail}") from None
     except ValueError as exc:
-        raise TryLater(f"the mixture file {path.name!r} of {mixture_id!r} is invalid: {exc}") from None
+        raise InvalidMixture(f"the mixture file {path.name!r} of {mixture_id!r} is invalid: {exc}") from None
 
 
 def mixture_status(directory: Path | None, mixture_id: str) -> tuple[MixtureDocument | None, str]:

@@ -372,7 +372,7 @@ class Client:
                     return response
                 error = _error(response, method, url)
                 wait = budget.next_wait(parse_retry_after(response.headers.get("retry-after")))
-                if error.status not in RETRY_STATUSES or wait is None:
+                if error.status not in RETRY_STATUSES or error.body.get("transient") is False or wait is None:
                     raise error
                 _log_retry(method, url, f"{error.status} {error.title}: {error.detail}", wait, budget, None)
             time.sleep(wait)

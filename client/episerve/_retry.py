@@ -17,7 +17,8 @@ class Retries:
     A request is tried at most `attempts` times in all, and never started after `deadline` seconds have passed
     since the first try. Between tries the client sleeps `backoff * 2**n` seconds (capped at `max_backoff`), with
     jitter, or what the server's `Retry-After` asks for when that fits in the deadline.
-    Connection errors and 429/502/503/504 are retried; every other error is raised at once.
+    Connection errors and 429/502/503/504 are retried; every other error is raised at once, and so is a 503 whose
+    problem says `"transient": false` (a dataset or mixture file the operator must fix first).
 
     Until the server has answered a client once, refused or failed connections are retried for
     `first_contact_deadline` seconds only: a wrong URL or a server that is not running fails fast, while a server
