@@ -1,8 +1,10 @@
 """Named mixtures read as hostile input, against a real server: an alias bomb, a 50 MB document, a document nested
 100k deep, a Python-object tag and a YAML syntax error are each a quick problem without a traceback; a symlink out of
 the mixtures directory is never read; one bad document does not hide the others from `GET /mixtures`; no answer
-quotes a document's content. The client's `Mixture.from_file` holds the same limits. And an over-limit take in
-`POST /takes` is a 413 naming the take, and so are takes whose frames together pass the frame limit."""
+quotes a document's content. The client's `Mixture.from_file` holds the same limits. An invalid document is a 503
+the client does not retry. A `/takes` body of too many takes is refused before they are validated, and an
+over-limit take in `POST /takes` is a 413 naming the take, and so are takes whose frames together pass the frame
+limit."""
 
 from __future__ import annotations
 
@@ -153,3 +155,13 @@ def test_a_problem_only_the_operator_can_cure_is_not_retried(
         assert time.monotonic() - started < 2.0
     assert caught.value.body["transient"] is False
     assert not [record for record in caplog.records if "retry" in record.getMessage()]
+
+
+def test_a_takes_body_of_too_many_takes_is_refused_before_they_are_validated(server: ServerProcess) -> None:
+    """450,000 takes (15.7 MB, under the body limit): counted right after parsing, not validated one by one."""
+    take = b'{"dataset":"robot","indices":[1,2]}'
+    body = b'{"takes":[' + b",".join([take] * 450_000) + b"]}"
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        answer = http.post("/takes", content=body, headers={"Content-Type": "application/json"})
+        assert_problem(answer, 422, "at most 1024 takes per request, not 450000")
+        assert http.post("/takes", json={"takes": [{"dataset": "robot", "indices": [1, 2]}]}).status_code == 200

@@ -3,6 +3,7 @@ validation into a request model, with a problem (400/408/413/415/422) for each w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -38,8 +39,12 @@ def _inlined(node: Any, definitions: dict[str, Any]) -> Any:
     return node
 
 
-async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
-    """Parse and validate a JSON body, refusing wrong content types, oversize, slow and malformed bodies."""
+async def read_json_body(
+    request: Request, model: type[M], max_bytes: int, precheck: Callable[[Any], None] | None = None
+) -> M:
+    """Parse and validate a JSON body, refusing wrong content types, oversize, slow and malformed bodies.
+    `precheck` sees the parsed document before the model validates it: a cheap refusal of a document too big to
+    be worth validating."""
     check_json_content_type(request.headers.get("content-type"))
     check_declared_length(request.headers.get("content-length"), max_bytes)
     timeout_s = request.app.state.settings.body_timeout_s
@@ -58,7 +63,7 @@ async def read_json_body(request: Request, model: type[M], max_bytes: int) -> M:
                     break
     except TimeoutError as exc:
         raise body_timeout(timeout_s) from exc
-    return decode_json_body(body, model)
+    return decode_json_body(body, model, precheck)
 
 
 def check_declared_length(declared: str | None, max_bytes: int) -> None:
@@ -74,13 +79,15 @@ def check_json_content_type(content_type: str | None) -> None:
         raise ProblemError(f"the body must be application/json, got {content_type or 'no content type'!r}", status=415)
 
 
-def decode_json_body(body: bytes | bytearray, model: type[M]) -> M:
+def decode_json_body(body: bytes | bytearray, model: type[M], precheck: Callable[[Any], None] | None = None) -> M:
     """The body as a validated `model`: 400 when it is not JSON, 422 when it does not validate (numbers out of
     range included)."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         return _decode_with_big_numbers(body, model, exc)
+    if precheck is not None:
+        precheck(document)
     return validated(model, document, "body")
 
 

@@ -21,7 +21,7 @@ from app.api.problems import problem_responses
 from app.api.row_route import RowRoute, answered, answered_at_once, takes_headers
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
 from app.reads.multi_takes import TakesRead, naming
-from app.reads.requests import SliceRequest, TakeRequest, TakesRequest
+from app.reads.requests import SliceRequest, TakeRequest, TakesRequest, few_enough_takes
 from app.reads.service import SliceRead, TakeRead
 
 # Every row endpoint may answer these too: a missing or wrong token, invalid input, and a catalog still loading or a
@@ -150,7 +150,7 @@ async def take_rows(request: Request, dataset_id: str) -> Response:
 )
 async def take_many(request: Request) -> Response:
     settings = request.app.state.settings
-    body = await read_json_body(request, TakesRequest, settings.max_body_bytes)
+    body = await read_json_body(request, TakesRequest, settings.max_body_bytes, few_enough_takes)
     takes = TakesRead(catalog_of(request), body, settings)
     at_once = answered_at_once(request, takes)
     if at_once is not None:
