@@ -164,3 +164,31 @@ def test_make_dataset_makes_a_mixture_as_lerobot_makes_one_dataset(switched: str
     picked = TrainPipelineConfig(dataset=DatasetConfig(repo_id=f"[{PICK},{FOLD}]", episodes=[1]), policy=policy)
     with pytest.raises(ValueError, match="mixture document"):
         make_dataset(picked)
+
+
+def test_lerobot_dataset_metadata_of_a_mixture_repo_id_is_the_mixtures_metadata(switched: str) -> None:
+    from episerve.lerobot import RemoteLeRobotMixtureMetadata
+
+    meta = lerobot_dataset.LeRobotDatasetMetadata("mixture:cross")
+    assert isinstance(meta, RemoteLeRobotMixtureMetadata) and meta.repo_id == "mixture:cross"
+    own = RemoteLeRobotDataset(switched, "mixture:cross").meta
+    assert meta.total_frames == own.total_frames and meta.features == own.features and meta.fps == own.fps
+    listed = lerobot_dataset.LeRobotDatasetMetadata(repo_id=f"[{ARM6},{ARM9}]")
+    assert [component.repo_id for component in listed.components] == [ARM6, ARM9]
+    assert lerobot_dataset.LeRobotDatasetMetadata(ARM6).repo_id == ARM6  # one dataset: its own metadata
+
+
+def test_a_list_of_repo_ids_given_from_python_passes_lerobots_validation_as_a_mixture(switched: str) -> None:
+    """`lerobot_train.train(cfg)` validates `cfg` first; LeRobot 0.4.4 refuses a list of repo ids there."""
+    from lerobot.configs.default import DatasetConfig
+    from lerobot.configs.train import TrainPipelineConfig
+    from lerobot.datasets.factory import make_dataset
+    from lerobot.policies.act.configuration_act import ACTConfig
+
+    policy = ACTConfig(chunk_size=5, n_action_steps=5, device="cpu", push_to_hub=False)
+    config = TrainPipelineConfig(dataset=DatasetConfig(repo_id=[PICK, FOLD]), policy=policy)
+    config.validate()
+    assert config.dataset.repo_id == f"[{PICK},{FOLD}]"
+    dataset = make_dataset(config)
+    assert isinstance(dataset, RemoteLeRobotMixture) and dataset.repo_ids == [PICK, FOLD]
+    assert dataset[0]["action"].shape == (5, 9)

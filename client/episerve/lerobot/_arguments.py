@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from episerve._extras import require_images
+
 VIDEO_BACKENDS = ("pyav", "torchcodec", "video_reader")
 DEFAULT_REVISION = "v3.0"  # LeRobot 0.4.4's CODEBASE_VERSION, what it uses for revision=None
 
@@ -60,3 +62,27 @@ def in_feature_order(names: Iterable[str], features: Mapping[str, Any]) -> list[
     """`names` in LeRobot's item order: info.json's feature order (not the files'), names it lacks last."""
     order = {name: n for n, name in enumerate(features)}
     return sorted(names, key=lambda name: order.get(name, len(order)))
+
+
+def adopt_lerobot_attributes(
+    dataset: Any,
+    meta: Any,
+    video_backend: str | None,
+    delta_timestamps: Mapping[str, Sequence[float]] | None,
+    tolerance_s: float,
+    stored: Iterable[str],
+) -> None:
+    """Set on `dataset` the attributes `LeRobotDataset` and `MultiLeRobotDataset` have in common, from its
+    metadata `meta` and LeRobot's arguments: `video_backend` (checked), `meta`, `root`, `revision`, `tolerance_s`,
+    `delta_timestamps`, `delta_indices` (at `meta.fps`) and `_stored`, the `stored` columns in feature order. A
+    dataset with image features needs Pillow to decode them: checked here, before the first batch."""
+    dataset.video_backend = check_video_backend(video_backend)
+    dataset.meta = meta
+    dataset.root = meta.root
+    dataset.revision = meta.revision
+    dataset.tolerance_s = tolerance_s
+    dataset.delta_timestamps = windows_of(delta_timestamps)
+    dataset.delta_indices = delta_indices(dataset.delta_timestamps, meta.fps)
+    dataset._stored = in_feature_order(stored, meta.features)
+    if meta.image_keys:
+        require_images()

@@ -18,11 +18,10 @@ from episerve._client import Client, connect
 from episerve._collate import collate
 from episerve._dataset import EpisodeDataset
 from episerve._episodes import episode_count
-from episerve._extras import require_images
 from episerve._output_lerobot import LeRobotFormatter
 from episerve._outputs import formatter
 from episerve._retry import Retries
-from episerve.lerobot._arguments import check_video_backend, delta_indices, in_feature_order, windows_of
+from episerve.lerobot._arguments import adopt_lerobot_attributes
 from episerve.lerobot._metadata import RemoteLeRobotDatasetMetadata
 from episerve.lerobot._mixture_repo import is_mixture_repo
 
@@ -80,18 +79,10 @@ class RemoteLeRobotDataset(EpisodeDataset):
     ) -> None:
         client = connect(url, token, retries, cache_dir)
         self.repo_id = repo_id
-        self.video_backend = check_video_backend(video_backend)
-        self.meta = RemoteLeRobotDatasetMetadata(client, repo_id, root=root, revision=revision)
-        self.root = self.meta.root
-        self.revision = self.meta.revision
+        meta = RemoteLeRobotDatasetMetadata(client, repo_id, root=root, revision=revision)
+        stored = [name for name in meta.columns if name not in meta.video_keys]
+        adopt_lerobot_attributes(self, meta, video_backend, delta_timestamps, tolerance_s, stored)
         self.episodes = list(episodes) if episodes is not None and not isinstance(episodes, str) else episodes
-        self.tolerance_s = tolerance_s
-        self.delta_timestamps = windows_of(delta_timestamps)
-        self.delta_indices = delta_indices(self.delta_timestamps, self.meta.fps)
-        stored = [name for name in self.meta.columns if name not in self.meta.video_keys]
-        self._stored = in_feature_order(stored, self.meta.features)
-        if self.meta.image_keys:
-            require_images()
         super().__init__(
             client,
             repo_id,

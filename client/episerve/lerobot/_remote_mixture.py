@@ -24,12 +24,11 @@ import numpy as np
 
 from episerve._client import Client, connect
 from episerve._collate import Batch, collate
-from episerve._extras import require_images
 from episerve._mixture import Mixture
 from episerve._mixture_dataset import MixtureSource
 from episerve._plan import MixturePlan
 from episerve._retry import Retries
-from episerve.lerobot._arguments import check_video_backend, delta_indices, in_feature_order, windows_of
+from episerve.lerobot._arguments import adopt_lerobot_attributes
 from episerve.lerobot._mixture_metadata import RemoteLeRobotMixtureMetadata
 from episerve.lerobot._mixture_output import LeRobotMixtureFormatter
 from episerve.lerobot._mixture_repo import lerobot_mixture
@@ -82,21 +81,13 @@ class RemoteLeRobotMixture(_Base):  # type: ignore[misc]
     ) -> None:
         self.client = connect(url, token, retries, cache_dir)
         self.mixture, self.repo_id, self.repo_ids = lerobot_mixture(self.client, repo_id, episodes)
-        self.video_backend = check_video_backend(video_backend)
-        self.meta = RemoteLeRobotMixtureMetadata(
+        meta = RemoteLeRobotMixtureMetadata(
             self.client, self.mixture, self.repo_id, root=root, revision=revision, epoch_size=epoch_size
         )
-        self.root = self.meta.root
-        self.revision = self.meta.revision
+        adopt_lerobot_attributes(self, meta, video_backend, delta_timestamps, tolerance_s, meta.columns)
         self.episodes = None  # LeRobot's samplers: every position (the components pick their own episodes)
-        self.tolerance_s = tolerance_s
-        self.delta_timestamps = windows_of(delta_timestamps)
-        self.delta_indices = delta_indices(self.delta_timestamps, self.meta.fps)
         self.disabled_features = self.meta.disabled_features
         self.epoch = 0
-        self._stored = in_feature_order(self.meta.columns, self.meta.features)
-        if self.meta.image_keys:
-            require_images()
         self.source = MixtureSource(
             self.client,
             self.mixture,

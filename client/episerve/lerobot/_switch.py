@@ -7,10 +7,13 @@ Several datasets are a mixture (`RemoteLeRobotMixture`): `MultiLeRobotDataset(re
 mixture document), which LeRobot 0.4.4 itself refuses or cannot read: the dataset is made as LeRobot makes one
 (windows from the policy's delta indices and the metadata's fps, image transforms, ImageNet statistics).
 
+`LeRobotDatasetMetadata` of such a `repo_id` is the mixture's metadata, and a `TrainPipelineConfig` whose
+`dataset.repo_id` is a Python list passes LeRobot's validation as the `[a,b]` text (`lerobot_train.train(cfg)`).
+
 `use_server(url)` replaces those three classes, and `make_dataset`, wherever an imported module holds them
 (`lerobot.datasets.lerobot_dataset`, `lerobot.datasets.factory`, `lerobot.scripts.lerobot_train`, and a user's
-module that imported `LeRobotDataset` by name before the switch); modules imported later take the replacements
-from LeRobot's modules. The server's URL
+module that imported `LeRobotDataset` by name before the switch), and `TrainPipelineConfig.validate`; modules
+imported later take the replacements from LeRobot's modules. The server's URL
 is also put in the environment (`EPISERVE_LEROBOT_URL`, and `EPISERVE_LEROBOT_TOKEN`), and this module applies
 the switch when it is imported in a process that has it: DataLoader workers that are forked inherit the switch,
 and spawned ones get it back when they unpickle the dataset (whose class lives here).
@@ -30,7 +33,7 @@ from typing import Any
 from episerve._client import Client
 from episerve.lerobot._metadata import RemoteLeRobotDatasetMetadata
 from episerve.lerobot._mixture_metadata import RemoteLeRobotMixtureMetadata
-from episerve.lerobot._mixture_repo import is_mixture_repo, lerobot_mixture
+from episerve.lerobot._mixture_repo import dataset_ids, is_mixture_repo, lerobot_mixture
 from episerve.lerobot._remote_dataset import RemoteLeRobotDataset
 from episerve.lerobot._remote_mixture import RemoteLeRobotMixture
 
@@ -87,7 +90,19 @@ def _client() -> Client:
 
 
 class ServedLeRobotDatasetMetadata(RemoteLeRobotDatasetMetadata):
-    """`LeRobotDatasetMetadata` with LeRobot's signature, served by the switched server."""
+    """`LeRobotDatasetMetadata` with LeRobot's signature, served by the switched server. A `repo_id` naming several
+    datasets (`"mixture:NAME"`, `"[a,b]"`) makes the mixture's metadata, a `RemoteLeRobotMixtureMetadata`."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        arguments = inspect.signature(cls.__init__).bind_partial(None, *args, **kwargs).arguments
+        repo_id = arguments.get("repo_id")
+        if not is_mixture_repo(repo_id):
+            return super().__new__(cls)
+        client = _client()
+        mixture, label, _ = lerobot_mixture(client, repo_id)
+        return RemoteLeRobotMixtureMetadata(
+            client, mixture, label, root=arguments.get("root"), revision=arguments.get("revision")
+        )
 
     def __init__(
         self,
@@ -232,6 +247,15 @@ def _make_mixture(cfg: Any) -> RemoteLeRobotMixture:
     return dataset
 
 
+def _served_validate(cfg: Any) -> None:
+    """LeRobot's `TrainPipelineConfig.validate`, with a list of dataset ids (`DatasetConfig(repo_id=[a, b])`, which
+    LeRobot 0.4.4 refuses as "not currently implemented") first turned into the text `[a,b]` the command line
+    gives: `lerobot_train.train(cfg)` called from Python then trains on the mixture, as `--dataset.repo_id='[a,b]'`."""
+    if isinstance(cfg.dataset.repo_id, list | tuple):
+        cfg.dataset.repo_id = "[" + ",".join(dataset_ids(cfg.dataset.repo_id)) + "]"
+    _originals["validate"](cfg)
+
+
 _REPLACEMENTS: dict[str, Any] = {
     "LeRobotDataset": ServedLeRobotDataset,
     "LeRobotDatasetMetadata": ServedLeRobotDatasetMetadata,
@@ -245,16 +269,19 @@ def _replace_in_lerobot() -> None:
     try:
         import lerobot.datasets.factory as factory
         import lerobot.datasets.lerobot_dataset as lerobot_dataset
+        from lerobot.configs.train import TrainPipelineConfig
     except ImportError as exc:
         raise ImportError("episerve.lerobot.use_server needs LeRobot: pip install lerobot") from exc
     if not _originals:
         for name in ("LeRobotDataset", "LeRobotDatasetMetadata", "MultiLeRobotDataset"):
             _originals[name] = getattr(lerobot_dataset, name)
         _originals["make_dataset"] = factory.make_dataset
+        _originals["validate"] = TrainPipelineConfig.validate
     for module in _modules():
         for name, original in _originals.items():
-            if vars(module).get(name) is original:
+            if name in _REPLACEMENTS and vars(module).get(name) is original:
                 setattr(module, name, _REPLACEMENTS[name])
+    TrainPipelineConfig.validate = _served_validate
 
 
 def _modules() -> list[Any]:
@@ -272,6 +299,10 @@ def _restore_lerobot() -> None:
         for name, replacement in _REPLACEMENTS.items():
             if vars(module).get(name) is replacement:
                 setattr(module, name, _originals[name])
+    if "validate" in _originals:
+        from lerobot.configs.train import TrainPipelineConfig
+
+        TrainPipelineConfig.validate = _originals["validate"]
     _server.update(url=None, token=None, client=None, pid=None)
     os.environ.pop(URL_VARIABLE, None)
     os.environ.pop(TOKEN_VARIABLE, None)
