@@ -19,6 +19,7 @@ import episerve
 from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from app.reads.frames import video_files_needed
+from app.reads.tier_psnr import SAMPLE_FRAMES
 from app.settings import Settings
 from app.sources.video import frame_schema
 from app.store.catalog import Catalog
@@ -53,6 +54,13 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
+def sampled_psnr(root: Path, key: str) -> float:
+    """The PSNR `/datasets/<id>` states for a JPEG-tier camera: over the first `SAMPLE_FRAMES` frames of episode 0,
+    the tier's round trip against the exact frames."""
+    reference = frames_for_rows(root, key, [(0, i) for i in range(SAMPLE_FRAMES)])
+    return psnr(jpeg_round_trip(reference), reference)
+
+
 def frame_segment_bytes(cache: Path) -> dict[str, int]:
     """Video file -> bytes of its published frame segment."""
     return {
@@ -79,6 +87,8 @@ def test_the_jpeg_tier_serves_the_same_round_tripped_frames_cold_and_from_its_se
             "lossy": True,
             "quality": QUALITY,
             "chroma_subsampling": "420",
+            "psnr_db": pytest.approx(sampled_psnr(root, TOP_CAMERA), abs=0.006),
+            "psnr_frames": SAMPLE_FRAMES,
         }
         assert {c["name"]: c for c in http.get("/datasets/cams-v21").json()["columns"]}[TOP_CAMERA]["frames"] == {
             "tier": "raw",

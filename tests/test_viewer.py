@@ -405,6 +405,43 @@ def test_cursor_moves_the_frames_and_the_chart_marker_together(
     assert legend == [f"{row['timestamp'][0].as_py():.3f}", *(f"{v:.4f}" for v in row["action"][0].as_py())]
 
 
+def frame_tiers_shown(page: Any) -> dict[str, str | None]:
+    """Camera -> the frame tier its figure states (None for a camera that states none)."""
+    return page.evaluate(
+        """() => Object.fromEntries([...document.querySelectorAll("figure.camera")].map((figure) => {
+            const tier = figure.querySelector(".frame-tier");
+            return [figure.dataset.camera, tier ? tier.innerText : null];
+        }))"""
+    )
+
+
+def test_each_video_camera_says_its_frames_are_exact_on_a_default_server(
+    page: Any, viewer_server: ServerProcess
+) -> None:
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=1")
+    assert frame_tiers_shown(page) == {TOP_CAMERA: "exact frames", WRIST_CAMERA: "exact frames", IMAGE: None}
+
+
+def test_each_video_camera_states_its_lossy_jpeg_tier_with_quality_and_psnr(
+    page: Any, video_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    environment = {"EPISERVE_VIDEO_FRAME_TIER": "jpeg:90,cams-v21=raw"}
+    with ServerProcess([video_root], tmp_path_factory.mktemp("viewer-jpeg-cache"), env=environment) as server:
+        described = {c["name"]: c for c in httpx.get(f"{server.url}/datasets/cams-v3", timeout=60).json()["columns"]}
+        open_viewer(page, server, "#dataset=cams-v3&episode=1")
+        lossy = frame_tiers_shown(page)
+        open_viewer(page, server, "#dataset=cams-v21&episode=1")
+        exact = frame_tiers_shown(page)
+    psnr = {camera: described[camera]["frames"]["psnr_db"] for camera in (TOP_CAMERA, WRIST_CAMERA)}
+    assert all(30 < value < 60 for value in psnr.values()), psnr  # measured by the server (test_frame_tiers.py)
+    assert lossy == {
+        TOP_CAMERA: f"JPEG q90, lossy (PSNR ~{psnr[TOP_CAMERA]:.1f} dB)",
+        WRIST_CAMERA: f"JPEG q90, lossy (PSNR ~{psnr[WRIST_CAMERA]:.1f} dB)",
+        IMAGE: None,  # a parquet image column is drawn as stored: no frame tier applies
+    }
+    assert exact == {TOP_CAMERA: "exact frames", WRIST_CAMERA: "exact frames", IMAGE: None}
+
+
 def test_parquet_image_column_is_drawn_as_stored(page: Any, viewer_server: ServerProcess, video_root: Path) -> None:
     from PIL import Image
 
@@ -705,7 +742,7 @@ def test_the_address_points_at_the_frame_on_screen(page: Any, viewer_server: Ser
     page.goto(shared)
     page.wait_for_function("(() => { const v = window.episerveViewer; return v && v.ready; })()")
     assert page.inner_text("#position").startswith("frame 6 / ")
-    assert page.locator("figure.camera figcaption").first.inner_text().endswith("frame 6")
+    assert page.locator("figure.camera .frame-label").first.inner_text().endswith("frame 6")
 
 
 def test_a_frame_past_the_episode_shows_its_last_frame_and_says_so(page: Any, viewer_server: ServerProcess) -> None:

@@ -51,6 +51,9 @@ def dataset_statistics(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any
 @router.get(
     "/datasets/{dataset_id:path}",
     summary="Schema, features, fps, episodes, rows and cache state",
+    description="Each camera column's `frames` states its frame tier: `raw` (exact frames, `lossy` false), or a "
+    "lossy tier with its `quality`, `chroma_subsampling` and `psnr_db`, the PSNR of its frames against the exact "
+    "ones over the camera's first `psnr_frames` frames of the first episode (null when they could not be decoded).",
     responses=problem_responses(404),
 )
 def dataset_info(dataset: Dataset = Depends(get_dataset)) -> dict[str, Any]:

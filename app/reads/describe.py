@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from app.reads.tier_psnr import tier_psnr
+from app.sources.source import VideoFeature
 from app.sources.stats import load_stats
 from app.store.dataset import Dataset
 
@@ -33,7 +35,7 @@ def describe_dataset(dataset: Dataset) -> dict[str, Any]:
         **summarize_dataset(dataset),
         "episode_column": dataset.episode_column if index.has_episode_column else None,
         "columns": [{"name": f.name, "type": str(f.type)} for f in index.schema]
-        + [camera.describe() for camera in meta.videos.values()],
+        + [_describe_camera(dataset, camera) for camera in meta.videos.values()],
         "features": meta.info.get("features") or None,
         "hub": dataset.hub,
         # The format's own description (LeRobot's meta/info.json, as the file holds it): robot_type,
@@ -53,6 +55,13 @@ def describe_dataset(dataset: Dataset) -> dict[str, Any]:
         "version": index.digest,
         "checked_at": _iso_utc(dataset.checked_at),
     }
+
+
+def _describe_camera(dataset: Dataset, camera: VideoFeature) -> dict[str, Any]:
+    """A camera's column: its frames' geometry and tier, and for a lossy tier the PSNR measured on its frames."""
+    described = camera.describe()
+    described["frames"] |= tier_psnr(dataset, camera)
+    return described
 
 
 def _iso_utc(epoch_seconds: float | None) -> str | None:

@@ -45,6 +45,7 @@ class FrameTier(Protocol):
 
     name: str
     decodes: bool  # reading pixels costs a decode per frame (not a view of the map)
+    lossy: bool  # its frames differ from the exact ones (`/datasets/<id>` then states how much)
 
     def schema(self, shape: Shape) -> pa.Schema:
         """A segment of this tier's frames of `shape`: each frame's presentation time and its frame."""
@@ -74,6 +75,7 @@ class RawTier:
 
     name: str = "raw"
     decodes: bool = False
+    lossy: bool = False
 
     def schema(self, shape: Shape) -> pa.Schema:
         pixels = pa.list_(pa.uint8(), shape[0] * shape[1] * shape[2])
@@ -93,7 +95,7 @@ class RawTier:
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"tier": self.name, "lossy": False}
+        return {"tier": self.name, "lossy": self.lossy}
 
     def __str__(self) -> str:
         return self.name
@@ -107,6 +109,7 @@ class JpegTier:
     subsampling: str = "420"
     name: str = "jpeg"
     decodes: bool = True
+    lossy: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.quality <= 100:
@@ -148,7 +151,7 @@ class JpegTier:
             decode_jpeg(self.encode(frames[position]), shape, into=frames[position])
 
     def describe(self) -> dict[str, Any]:
-        return {"tier": self.name, "lossy": True, "quality": self.quality, "chroma_subsampling": self.subsampling}
+        return {"tier": self.name, "lossy": self.lossy, "quality": self.quality, "chroma_subsampling": self.subsampling}
 
     def __str__(self) -> str:
         return f"{self.name}:{self.quality}:{self.subsampling}"

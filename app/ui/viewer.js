@@ -189,7 +189,7 @@
   function cameraFeatures(info) {
     const cameras = info.columns
       .filter((c) => c.video)
-      .map((c) => ({ name: c.name, kind: "video", shape: c.video.shape }));
+      .map((c) => ({ name: c.name, kind: "video", shape: c.video.shape, tier: tierText(c.frames) }));
     for (const [name, feature] of Object.entries(info.features || {})) {
       const column = info.columns.find((c) => c.name === name);
       if (feature.dtype === "image" && column && !column.video) {
@@ -197,6 +197,15 @@
       }
     }
     return cameras;
+  }
+
+  /** A video camera's frame tier as `/datasets/<id>` states it (its `frames`): exact frames, or a lossy tier with
+   * its quality and the PSNR the server measured against the exact frames. Null when the server does not say. */
+  function tierText(frames) {
+    if (!frames) return null;
+    if (!frames.lossy) return "exact frames";
+    const psnr = typeof frames.psnr_db === "number" ? `PSNR ~${frames.psnr_db.toFixed(1)} dB` : "PSNR not measured";
+    return `${frames.tier.toUpperCase()} q${frames.quality}, lossy (${psnr})`;
   }
 
   // ---- Arrow -> arrays ---------------------------------------------------------------------------------------
@@ -759,12 +768,21 @@
       const canvas = document.createElement("canvas");
       if (camera.shape && camera.kind === "video") [canvas.height, canvas.width] = camera.shape;
       const caption = document.createElement("figcaption");
-      caption.textContent = camera.name;
+      const label = document.createElement("span");
+      label.className = "frame-label";
+      label.textContent = camera.name;
+      caption.append(label);
+      if (camera.tier) {
+        const tier = document.createElement("span");
+        tier.className = "frame-tier";
+        tier.textContent = camera.tier;
+        caption.append(tier);
+      }
       figure.append(canvas, caption);
       container.append(figure);
       camera.figure = figure;
       camera.canvas = canvas;
-      camera.caption = caption;
+      camera.caption = label;
     }
   }
 

@@ -5,9 +5,12 @@ Per dataset (480x640 and 224x224), each tier's cache is built with `episerve-ser
 `EPISERVE_VIDEO_FRAME_TIER` (raw, and JPEG at the qualities in `JPEG_TIERS`), and:
 
 - disk: the frame segments' bytes ÷ the source MP4s' bytes;
-- samples/s: a shuffled `EpisodeDataset` (batch 64, 2 workers, the camera and `index`) against a server on demand
-  (AV1 decoded per request, the peer), on the raw cache, on each JPEG tier decoded by the server, and on each JPEG
-  tier with `Client(frames="encoded")` (JPEG bytes on the wire, decoded in the DataLoader workers);
+- samples/s, through each of two loaders side by side, both shuffled (batch 64, 2 workers): `EpisodeDataset` (the
+  camera and `index`) and `RemoteLeRobotDataset` (LeRobot's whole sample: the camera as float32 in [0, 1], the
+  state, the action, the standard columns, `task`); each against a server on demand (AV1 decoded per request, the
+  peer), on the raw cache, on each JPEG tier decoded by the server, and on each JPEG tier with
+  `Client(frames="encoded")` (JPEG bytes on the wire, decoded in the DataLoader workers), each compared with the
+  same loader on demand (or the same loader with the server decoding);
 - wire bytes per frame of a 64-frame take, pixels and encoded;
 - PSNR of each JPEG tier's frames against the exact frames (LeRobot's decode: the on-demand server's).
 
@@ -37,6 +40,7 @@ BATCH = 64
 WORKERS = 2
 COLUMNS = [CAMERA, "index"]
 JPEG_TIERS = ("jpeg:95", "jpeg:90")
+LOADERS = ("EpisodeDataset", "RemoteLeRobotDataset")
 KEY = "samples_per_s"
 # On-demand AV1 ÷ JPEG tier targets (targets.md P16), by frame height.
 TARGET_VS_ON_DEMAND = {480: 3.0, 224: 5.0}
@@ -66,7 +70,6 @@ def _dataset_rows(ctx: Context, dataset: CameraDataset) -> list[Row]:
         loaders = _loaders(dataset, {name: server.url for name, server in servers.items()})
         samples = min(ctx.scale.p9.samples, dataset.rows - 2 * BATCH)
         measured = in_rounds(partial(_speed, loaders, samples), list(loaders), ctx.scale.rounds)
-        speed = {key: medians(rounds)[KEY] for key, rounds in measured.items()}
         wire = {tier: _wire_bytes(servers[tier].url, dataset) for tier in JPEG_TIERS}
         quality = {tier: _psnr(servers["on demand"].url, servers[tier].url, dataset) for tier in JPEG_TIERS}
     finally:
@@ -77,16 +80,7 @@ def _dataset_rows(ctx: Context, dataset: CameraDataset) -> list[Row]:
     target = TARGET_VS_ON_DEMAND.get(dataset.height, 3.0)
     rows = [
         Row("P16", f"{case}, raw cache", "x source MP4", disk["raw"] / source_bytes, "source MP4", 1.0, "info"),
-        Row(
-            "P16",
-            f"{case}, raw cache",
-            "samples/s",
-            speed["raw"],
-            "on-demand AV1",
-            speed["on demand"],
-            "info",
-            note=ratio_spread(measured["raw"], measured["on demand"], KEY),
-        ),
+        *_speed_rows(f"{case}, raw cache", "raw", "on demand", "on-demand AV1", None, measured),
     ]
     for tier in JPEG_TIERS:
         ratio = disk[tier] / source_bytes
@@ -103,27 +97,14 @@ def _dataset_rows(ctx: Context, dataset: CameraDataset) -> list[Row]:
                 "≥ 40 dB",
                 quality[tier] >= 40,
             ),
-            Row(
-                "P16",
-                f"{case}, {tier}, server decodes",
-                "samples/s",
-                speed[tier],
-                "on-demand AV1",
-                speed["on demand"],
-                f"≥ {target:g}x",
-                speed[tier] >= target * speed["on demand"],
-                ratio_spread(measured[tier], measured["on demand"], KEY),
-            ),
-            Row(
-                "P16",
+            *_speed_rows(f"{case}, {tier}, server decodes", tier, "on demand", "on-demand AV1", target, measured),
+            *_speed_rows(
                 f"{case}, {tier}, client decodes (frames=encoded)",
-                "samples/s",
-                speed[f"{tier} encoded"],
+                f"{tier} encoded",
+                tier,
                 "the server decoding",
-                speed[tier],
-                "≥ 0.8x",
-                speed[f"{tier} encoded"] >= 0.8 * speed[tier],
-                ratio_spread(measured[f"{tier} encoded"], measured[tier], KEY),
+                0.8,
+                measured,
             ),
             Row(
                 "P16",
@@ -136,6 +117,31 @@ def _dataset_rows(ctx: Context, dataset: CameraDataset) -> list[Row]:
                 encoded_wire <= 0.1 * pixels_wire if dataset.height >= 480 else None,
             ),
         ]
+    return rows
+
+
+def _speed_rows(
+    case: str, setting: str, baseline: str, peer: str, factor: float | None, measured: dict[tuple[str, str], Any]
+) -> list[Row]:
+    """One samples/s row per loader, side by side: the loader on `setting` against the same loader on `baseline`
+    (`factor`: the target ratio, None for information)."""
+    rows = []
+    for name in LOADERS:
+        ours, theirs = measured[name, setting], measured[name, baseline]
+        speed, peer_speed = medians(ours)[KEY], medians(theirs)[KEY]
+        rows.append(
+            Row(
+                "P16",
+                f"{case}, {name}",
+                "samples/s",
+                speed,
+                peer,
+                peer_speed,
+                "info" if factor is None else f"≥ {factor:g}x",
+                None if factor is None else speed >= factor * peer_speed,
+                ratio_spread(ours, theirs, KEY),
+            )
+        )
     return rows
 
 
@@ -153,25 +159,34 @@ def _warm(ctx: Context, dataset: CameraDataset, cache: Path, tier: str) -> int:
     return sum(path.stat().st_size for path in cache.rglob("frames/*.arrow"))
 
 
-def _loaders(dataset: CameraDataset, urls: dict[str, str]) -> dict[str, Any]:
+def _loaders(dataset: CameraDataset, urls: dict[str, str]) -> dict[tuple[str, str], Any]:
+    """(loader, server setting) -> a shuffled DataLoader of that loader against that server, for every loader of
+    `LOADERS` and every setting (the servers of `urls`, and each JPEG tier's with `frames="encoded"`)."""
     from torch.utils.data import DataLoader
 
     import episerve
+    from episerve.lerobot import RemoteLeRobotDataset
 
     shuffled: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": WORKERS}
 
-    def loader(client: Any) -> Any:
-        dataset_ = episerve.EpisodeDataset(client, dataset.name, columns=COLUMNS)
-        return DataLoader(dataset_, collate_fn=episerve.collate, persistent_workers=False, **shuffled)
+    def loader(name: str, client: Any) -> Any:
+        if name == "RemoteLeRobotDataset":
+            samples = RemoteLeRobotDataset(client, dataset.name)
+            return DataLoader(samples, collate_fn=RemoteLeRobotDataset.collate, persistent_workers=False, **shuffled)
+        samples = episerve.EpisodeDataset(client, dataset.name, columns=COLUMNS)
+        return DataLoader(samples, collate_fn=episerve.collate, persistent_workers=False, **shuffled)
 
-    loaders = {"on demand": loader(urls["on demand"]), "raw": loader(urls["raw"])}
-    for tier in JPEG_TIERS:
-        loaders[tier] = loader(urls[tier])
-        loaders[f"{tier} encoded"] = loader(episerve.Client(urls[tier], frames="encoded"))
+    loaders = {}
+    for name in LOADERS:
+        loaders[name, "on demand"] = loader(name, urls["on demand"])
+        loaders[name, "raw"] = loader(name, urls["raw"])
+        for tier in JPEG_TIERS:
+            loaders[name, tier] = loader(name, urls[tier])
+            loaders[name, f"{tier} encoded"] = loader(name, episerve.Client(urls[tier], frames="encoded"))
     return loaders
 
 
-def _speed(loaders: dict[str, Any], samples: int, key: str) -> dict[str, float]:
+def _speed(loaders: dict[tuple[str, str], Any], samples: int, key: tuple[str, str]) -> dict[str, float]:
     return {KEY: samples_per_second(loaders[key], samples, BATCH)}
 
 
