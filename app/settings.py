@@ -155,10 +155,10 @@ class Settings(BaseSettings):
     video_frame_tier: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
         description="How decoded-frame segments keep camera frames: `raw` (exact pixels, the default) or "
-        "`jpeg[:Q[:S]]` (one JPEG per frame, quality Q 1-100, default 95, chroma subsampling S `420` (default), "
-        "`422` or `444`: "
+        "`jpeg[:Q[:S]]` (one JPEG per frame, quality Q 1-100, default 92, chroma subsampling S `444` (default), "
+        "`422` or `420`: "
         "lossy, 4-6x the MP4s on camera-like content instead of 36-201x), for every dataset or `DATASET=TIER` for "
-        "one, comma-separated (e.g. `jpeg:95,pusht=raw`).",
+        "one, comma-separated (e.g. `jpeg,pusht=raw`).",
     )
     video_decoders: int = Field(
         4,

@@ -31,7 +31,7 @@ QUALITY = 90
 TAKE = {"episodes": [7, 2], "indices": [0, 40, 3, 41, 1, 0, 12], "columns": [*ROWS, TOP_CAMERA, WRIST_CAMERA]}
 
 
-def jpeg_round_trip(frames: np.ndarray, quality: int = QUALITY, subsampling: str = "420") -> np.ndarray:
+def jpeg_round_trip(frames: np.ndarray, quality: int = QUALITY, subsampling: str = "444") -> np.ndarray:
     """The oracle of the JPEG tier: each frame encoded and decoded by libjpeg-turbo, as the tier states it."""
     out = np.empty_like(frames)
     for i, frame in enumerate(frames):
@@ -86,7 +86,7 @@ def test_the_jpeg_tier_serves_the_same_round_tripped_frames_cold_and_from_its_se
             "tier": "jpeg",
             "lossy": True,
             "quality": QUALITY,
-            "chroma_subsampling": "420",
+            "chroma_subsampling": "444",
             "psnr_db": pytest.approx(sampled_psnr(root, TOP_CAMERA), abs=0.006),
             "psnr_frames": SAMPLE_FRAMES,
         }
@@ -136,7 +136,7 @@ def test_jpeg_segments_are_a_fraction_of_raw_frames(jpeg_server: ServerProcess, 
         status = report["frame_segments"]
     projected = status["projected"]
     assert status["built"] == len(sizes) and status["bytes"] == sum(sizes.values())
-    assert projected["tiers"] == [f"jpeg:{QUALITY}:420"] and projected["estimated"] is True
+    assert projected["tiers"] == [f"jpeg:{QUALITY}:444"] and projected["estimated"] is True
     assert projected["frames_per_camera"] == info["total_frames"]
     assert sum(sizes.values()) <= projected["bytes"] < projected["raw_bytes"]  # a generous estimate, below raw
     assert projected["fits_budget"] is True and "note" not in projected
@@ -165,7 +165,7 @@ def test_encoded_frames_on_the_wire_are_the_tiers_bytes_or_a_jpeg_of_exact_frame
                 )
                 assert list(decoded.shape[1:]) == shape
                 if name == "cams-v3":  # the bytes the tier keeps: exactly the pixels it serves
-                    assert field.metadata[b"episerve.quality"] == f"{QUALITY}:420".encode()
+                    assert field.metadata[b"episerve.quality"] == f"{QUALITY}:444".encode()
                     assert np.array_equal(decoded, pixels(asked, key))
                 else:  # raw frames, encoded at quality 95 for the wire
                     assert field.metadata[b"episerve.quality"] == b"95:420"
@@ -243,8 +243,7 @@ def test_a_tier_switch_on_a_warm_cache_serves_the_new_tier_never_the_old_frames(
             for _ in ("first read", "from the segment built for it"):
                 table = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content)
                 reference = exact(root, TOP_CAMERA, table)
-                subsampling = "444" if quality == 100 else "420"
-                wanted = reference if quality is None else jpeg_round_trip(reference, quality, subsampling)
+                wanted = reference if quality is None else jpeg_round_trip(reference, quality)
                 assert np.array_equal(pixels(table, TOP_CAMERA), wanted), tier
                 eventually(rebuilt, 60)
             sizes.append(next(iter(frame_segment_bytes(cache).values())))

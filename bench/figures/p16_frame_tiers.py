@@ -39,7 +39,7 @@ from bench.timing import in_rounds, medians, ratio_spread
 BATCH = 64
 WORKERS = 2
 COLUMNS = [CAMERA, "index"]
-JPEG_TIERS = ("jpeg:95", "jpeg:90")
+JPEG_TIERS = ("jpeg", "jpeg:95:420")  # the default (quality 92, 4:4:4 chroma) and the earlier one
 LOADERS = ("EpisodeDataset", "RemoteLeRobotDataset")
 KEY = "samples_per_s"
 # On-demand AV1 ÷ JPEG tier targets (targets.md P16), by frame height.
