@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.read_limiter = anyio.CapacityLimiter(settings.max_concurrent_reads)
         app.state.inflight = InflightBudget(settings.max_inflight_bytes)
         app.state.catalog = await run_in_threadpool(Catalog, settings, roots)
+        app.state.catalog.hub.start_configured()  # by the serving process (not the command checking the settings)
         log.info("serving %d datasets from %s", len(app.state.catalog.ids()), ", ".join(map(str, roots)))
         yield
         app.state.warmer.shutdown()

@@ -36,11 +36,12 @@ class Settings(BaseSettings):
     hub: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Datasets served from the Hugging Face Hub by repo id, `OWNER/NAME[@REVISION]`, comma-separated "
-        "(e.g. `lerobot/pusht@main`): downloaded into the Hub cache (HF_HOME) at start, in the background.",
+        "(e.g. `lerobot/pusht@main`): metadata and data files fetched into LeRobot's place for them (HF_HOME) from "
+        "the start, in the background; camera videos as reads need them.",
     )
     hub_allow: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Hub repo ids a client may name on first use (downloaded then), as patterns, comma-separated "
+        description="Hub repo ids a client may name on first use (fetched from then on), as patterns, comma-separated "
         "(e.g. `lerobot/*`). Unset: only the `hub` datasets.",
     )
     host: str = "127.0.0.1"

@@ -1,18 +1,24 @@
 """A small server that speaks the Hugging Face Hub's HTTP API for the calls `huggingface_hub` makes to download a
 dataset repository, over datasets the test suite writes: `HF_ENDPOINT` points the library at it.
 
-- `GET /api/datasets/{repo}/revision/{revision}`: repo info (`sha`, `siblings`), a branch resolved to its commit;
-- `GET /api/datasets/{repo}/tree/{revision}?recursive=true`: the file listing (`type`, `path`, `size`, `oid`);
-- `HEAD`/`GET /datasets/{repo}/resolve/{revision}/{path}`: a file, with `X-Repo-Commit`, `ETag` and
-  `Content-Length` (what `file_download.get_hf_file_metadata` relies on) and `Range` requests (a resumed download).
+- `GET /api/datasets/{repo}/revision/{revision}`: repo info (`sha`, `siblings`; with `blobs=true` each file's `size`,
+  `blobId` and, for LFS files, `lfs` with its `sha256`), a branch resolved to its commit;
+- `GET /api/datasets/{repo}/tree/{revision}?recursive=true`: the file listing (`type`, `path`, `size`, `oid`, `lfs`);
+- `HEAD`/`GET /datasets/{repo}/resolve/{revision}/{path}`: a file, with `X-Repo-Commit`, `ETag` (the git blob id) or,
+  for an LFS file, `X-Linked-Etag` (its SHA-256) and `X-Linked-Size`, and `Content-Length` (what
+  `file_download.get_hf_file_metadata` relies on), and `Range` requests (a resumed download).
 
-Errors carry `X-Error-Code` as the Hub's do (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`, `GatedRepo`), which
-`huggingface_hub.utils.hf_raise_for_status` turns into its typed errors. Faults for tests: a gated repo (403 unless the
-request carries its token), a file whose next download is cut midway, and files that fail until told otherwise.
+As on the Hub, parquet and mp4 files are LFS files. Errors carry `X-Error-Code` as the Hub's do (`RepoNotFound`,
+`RevisionNotFound`, `EntryNotFound`, `GatedRepo`), which `huggingface_hub.utils.hf_raise_for_status` turns into its
+typed errors. Faults for tests: a gated repo (403 unless the request carries its token), a file whose next download is
+cut midway or corrupted (same size, one byte changed), files whose downloads fail with a 500 until told otherwise, and
+repos whose downloads are slow.
+`fetched` logs every GET of a file, as (repo id, path).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from dataclasses import dataclass, field
@@ -52,9 +58,10 @@ class FakeHub:
 
     def __init__(self) -> None:
         self.repos: dict[str, HubRepo] = {}
-        self.fail_next: dict[str, str] = {}  # path -> "drop": its next download is cut midway (once)
-        self.refusing: set[str] = set()  # paths whose downloads fail with a 500 until removed
-        self.downloads: list[str] = []  # paths served whole, in order
+        self.fail_next: dict[str, str] = {}  # path -> "drop" (cut midway) or "corrupt": its next download (once)
+        self.refusing: set[str] = set()  # paths whose downloads (GET) fail with a 500 until removed
+        self.delays: dict[str, float] = {}  # repo id -> seconds every GET of one of its files waits first
+        self.fetched: list[tuple[str, str]] = []  # (repo id, path) of every GET of a file, in order
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = Starlette(
@@ -97,6 +104,8 @@ class FakeHub:
         if isinstance(found, Response):
             return found
         repo_id, repo, sha, files = found
+        blobs = request.query_params.get("blobs", "").lower() == "true"
+        siblings = [_sibling(path, content) if blobs else {"rfilename": path} for path, content in files.items()]
         return JSONResponse(
             {
                 "_id": sha[:24],
@@ -109,7 +118,7 @@ class FakeHub:
                 "downloads": 0,
                 "likes": 0,
                 "tags": [],
-                "siblings": [{"rfilename": path} for path in files],
+                "siblings": siblings,
                 "lastModified": "2026-11-01T00:00:00.000Z",
             }
         )
@@ -119,10 +128,12 @@ class FakeHub:
         if isinstance(found, Response):
             return found
         _, _, _, files = found
-        entries = [
-            {"type": "file", "oid": hashlib.sha1(content).hexdigest(), "size": len(content), "path": path}
-            for path, content in files.items()
-        ]
+        entries = []
+        for path, content in files.items():
+            entry = {"type": "file", "oid": _blob_id(_stored(path, content)), "size": len(content), "path": path}
+            if _is_lfs(path):
+                entry["lfs"] = {"oid": _sha256(content), "size": len(content), "pointerSize": len(_pointer(content))}
+            entries.append(entry)
         directories = sorted({p.rsplit("/", 1)[0] for p in files if "/" in p})
         entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in directories]
         return JSONResponse(entries)
@@ -131,21 +142,22 @@ class FakeHub:
         found = self._resolve(request)
         if isinstance(found, Response):
             return found
-        _, _, sha, files = found
+        repo_id, _, sha, files = found
         path = request.path_params["path"]
         if path not in files:
             return _error(404, "EntryNotFound", "Entry not found")
         content = files[path]
-        headers = {
-            "X-Repo-Commit": sha,
-            "ETag": f'"{hashlib.sha1(content).hexdigest()}"',
-            "Accept-Ranges": "bytes",
-            "Content-Length": str(len(content)),
-        }
-        if path in self.refusing:
-            return JSONResponse({"error": "the Hub is having a bad day"}, status_code=500)
+        headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes", "Content-Length": str(len(content))}
+        headers["ETag"] = f'"{_blob_id(_stored(path, content))}"'
+        if _is_lfs(path):
+            headers |= {"X-Linked-Etag": f'"{_sha256(content)}"', "X-Linked-Size": str(len(content))}
         if request.method == "HEAD":
             return Response(headers=headers)
+        self.fetched.append((repo_id, path))
+        if repo_id in self.delays:
+            await asyncio.sleep(self.delays[repo_id])
+        if path in self.refusing:
+            return JSONResponse({"error": "the Hub is having a bad day"}, status_code=500)
         start = 0
         ranged = request.headers.get("range", "")
         if ranged.startswith("bytes="):
@@ -156,8 +168,40 @@ class FakeHub:
         fault = self.fail_next.pop(path, None)
         if fault == "drop":
             return StreamingResponse(_cut_midway(body), status_code=206 if start else 200, headers=headers)
-        self.downloads.append(path)
+        if fault == "corrupt":
+            body = body[:-1] + bytes([body[-1] ^ 0xFF])
         return Response(body, status_code=206 if start else 200, headers=headers)
+
+
+def _is_lfs(path: str) -> bool:
+    return path.endswith((".parquet", ".mp4"))
+
+
+def _sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
+def _pointer(content: bytes) -> bytes:
+    """The git LFS pointer file that git stores in place of an LFS file."""
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{_sha256(content)}\nsize {len(content)}\n".encode()
+
+
+def _stored(path: str, content: bytes) -> bytes:
+    """What git stores for the file: its content, or its LFS pointer."""
+    return _pointer(content) if _is_lfs(path) else content
+
+
+def _blob_id(stored: bytes) -> str:
+    """git's blob id: SHA-1 of `blob <size>\\0` and the content."""
+    return hashlib.sha1(b"blob %d\0" % len(stored) + stored).hexdigest()
+
+
+def _sibling(path: str, content: bytes) -> dict[str, object]:
+    """A file as `GET /api/datasets/{repo}/revision/{revision}?blobs=true` lists it."""
+    sibling: dict[str, object] = {"rfilename": path, "size": len(content), "blobId": _blob_id(_stored(path, content))}
+    if _is_lfs(path):
+        sibling["lfs"] = {"sha256": _sha256(content), "size": len(content), "pointerSize": len(_pointer(content))}
+    return sibling
 
 
 async def _cut_midway(body: bytes):  # type: ignore[no-untyped-def]

@@ -1,8 +1,12 @@
 """Datasets from the Hugging Face Hub by repo id, against a real server and a local server that speaks the Hub's API
-(tests/hub_server.py, `HF_ENDPOINT`): configured and allowed-on-first-use datasets are downloaded into the Hub cache
-and served with the same rows as the files; the pinned commit is shown; unknown repos, missing revisions, gated repos
-without a token, repos the server may not fetch and a connection dropped mid-download are each a clear problem, and a
-retry later succeeds; offline, the cache is served."""
+(tests/hub_server.py, `HF_ENDPOINT`). What is fetched when: a dataset is served once its metadata and data files are
+downloaded (the pinned commit shown), and a camera's video file is fetched when a read first needs it — a cold read
+of one episode downloads that episode's video files and no other — with the progress in `/cache` and the log. Rows
+and frames equal the files'; `RemoteLeRobotDataset` and `EpisodeDataset` through DataLoader workers need no manual
+step, and the client waits out a download that moves however long it takes. Unknown repos, missing revisions, gated
+repos without a token, repos the server may not fetch, a failing Hub, a connection dropped mid-download and a corrupt
+download are each a clear problem, nothing half-downloaded or corrupt is served, and a retry later succeeds; offline,
+what is downloaded is served."""
 
 from __future__ import annotations
 
@@ -12,32 +16,43 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import episerve
 from app.demo import write_demo_dataset
+from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from tests.hub_server import FakeHub, HubRepo
 from tests.support import ServerProcess
 from tests.test_errors import assert_problem
+from tests.video_oracle import episode_video, frames_for_rows
 
 COLUMNS = ["episode_index", "frame_index", "action"]
+CAMERAS = [TOP_CAMERA, WRIST_CAMERA]
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hub-source")
-    write_demo_dataset(root / "pusht", format="v3.0", episodes=6, seed=11)
+    write_demo_dataset(root / "pusht", format="v3.0", episodes=6, seed=11, video_files=3)
     return root / "pusht"
 
 
 @pytest.fixture(scope="module")
-def hub(source: Path) -> Iterator[FakeHub]:
+def hub(source: Path, video_root: Path) -> Iterator[FakeHub]:
     with FakeHub() as running:
-        for repo_id in ("lerobot/pusht", "lerobot/other"):
+        for repo_id, directory in {
+            "lerobot/pusht": source,
+            "lerobot/other": source,
+            "cams/v21": video_root / "cams-v21",
+            "cams/v3": video_root / "cams-v3",
+            "cams/slow": video_root / "cams-v21",
+            "cams/loader": video_root / "cams-v21",
+        }.items():
             running.repos[repo_id] = HubRepo()
-            running.repos[repo_id].commit(source)
+            running.repos[repo_id].commit(directory)
         running.repos["lerobot/gated"] = HubRepo(token="hf_secret")
         running.repos["lerobot/gated"].commit(source)
         yield running
@@ -73,80 +88,221 @@ def expected_rows(source: Path, episodes: list[int]) -> pa.Table:
     return table.sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
 
 
-def test_a_configured_hub_dataset_is_downloaded_pinned_and_served(hub: FakeHub, source: Path, tmp_path: Path) -> None:
-    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/pusht@main")
+def before_serving(dataset: Path) -> set[str]:
+    """The files of a dataset fetched before it is served: all but the camera videos."""
+    files = {p.relative_to(dataset).as_posix() for p in dataset.rglob("*") if p.is_file()}
+    return {path for path in files if not path.startswith("videos/")}
+
+
+def videos_of(dataset: Path, episodes: list[int]) -> set[str]:
+    """The video files holding the frames of `episodes`, every camera."""
+    paths = {episode_video(dataset, key, e).path for key in CAMERAS for e in episodes}
+    return {path.relative_to(dataset).as_posix() for path in paths}
+
+
+def fetched(hub: FakeHub, repo_id: str) -> list[str]:
+    """The files of `repo_id` the Hub was asked for (GET), in order."""
+    return [path for repo, path in hub.fetched if repo == repo_id]
+
+
+def assert_frames(table: pa.Table, dataset: Path, keys: list[str]) -> None:
+    rows = list(zip(table["episode_index"].to_pylist(), table["frame_index"].to_pylist(), strict=True))
+    for key in keys:
+        served = table[key].combine_chunks().to_numpy_ndarray()
+        np.testing.assert_array_equal(served, frames_for_rows(dataset, key, rows), err_msg=key)
+
+
+# -- what is fetched when ----------------------------------------------------------------------------------------
+
+
+def test_a_configured_dataset_is_pinned_and_served_once_its_metadata_and_data_are_downloaded(
+    hub: FakeHub, source: Path, tmp_path: Path
+) -> None:
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/pusht@main,lerobot/gated", HF_TOKEN="hf_secret")
     with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
         described = ready(http, "lerobot/pusht")
         assert described.status_code == 200, described.text
         commit = hub.repos["lerobot/pusht"].branches["main"]
-        assert described.json()["hub"] == {
+        files = hub.repos["lerobot/pusht"].files[commit]
+        first = before_serving(source)
+        pinned = described.json()["hub"]
+        assert {key: pinned[key] for key in ("repo_id", "revision", "commit", "state")} == {
             "repo_id": "lerobot/pusht",
             "revision": "main",
             "commit": commit,
             "state": "ready",
-            "files": len(hub.repos["lerobot/pusht"].files[commit]),
-            "files_done": len(hub.repos["lerobot/pusht"].files[commit]),
         }
+        assert (pinned["files"], pinned["bytes"]) == (len(files), sum(map(len, files.values())))
+        assert (pinned["files_done"], pinned["bytes_done"]) == (len(first), sum(len(files[p]) for p in first))
+        assert pinned["fetching"]["files"] == 0 and pinned["failed"] == []
+        assert sorted(fetched(hub, "lerobot/pusht")) == sorted(first)  # no camera video before a read needs one
+        assert http.get("/datasets/lerobot/pusht/cache").json()["hub"]["files_done"] == len(first)
         assert "lerobot/pusht" in [d["id"] for d in http.get("/datasets").json()["datasets"]]
         with episerve.Client(server.url) as client:
-            table = client.rows("lerobot/pusht", episodes=[4, 1], columns=COLUMNS)
-        assert table.equals(expected_rows(source, [1, 4]))
+            assert client.rows("lerobot/pusht", episodes=[4, 1], columns=COLUMNS).equals(expected_rows(source, [1, 4]))
+            assert ready(http, "lerobot/gated").status_code == 200  # gated: read with the server's HF_TOKEN
+            assert client.rows("lerobot/gated", episodes=[2], columns=COLUMNS).equals(expected_rows(source, [2]))
     # The files are where LeRobot looks for a downloaded dataset ($HF_HOME/lerobot/<repo id>), byte for byte.
     snapshot = tmp_path / "hf" / "lerobot" / "lerobot" / "pusht"
-    for path in source.rglob("*"):
-        if path.is_file():
-            cached = snapshot / path.relative_to(source)
-            assert hashlib.sha256(cached.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest()
+    for path in first:
+        assert hashlib.sha256((snapshot / path).read_bytes()).digest() == hashlib.sha256(files[path]).digest()
+    assert not (snapshot / "videos").exists()
 
 
-def test_allowed_repos_are_served_on_first_use_and_others_are_clear_problems(hub: FakeHub, tmp_path: Path) -> None:
-    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB_ALLOW="lerobot/*")
+@pytest.fixture(scope="module")
+def cams_server(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server that may fetch `cams/*` from the Hub, logging at INFO."""
+    home = tmp_path_factory.mktemp("cams-hub")
+    env = hub_env(hub, home / "hf", EPISERVE_HUB_ALLOW="cams/*", EPISERVE_LOG_LEVEL="info")
+    with ServerProcess([empty_root(home)], home / "cache", env=env) as server:
+        yield server
+
+
+@pytest.mark.parametrize(("repo_id", "name"), [("cams/v21", "cams-v21"), ("cams/v3", "cams-v3")])
+def test_a_cold_read_of_one_episode_fetches_only_its_video_files(
+    hub: FakeHub, cams_server: ServerProcess, video_root: Path, repo_id: str, name: str
+) -> None:
+    dataset = video_root / name
+    with episerve.Client(cams_server.url) as client:  # it waits out the 503s while the files download
+        table = client.rows(repo_id, episodes=[4], columns=["episode_index", "frame_index", *CAMERAS])
+    assert table.num_rows == len(expected_rows(dataset, [4]))
+    assert_frames(table, dataset, CAMERAS)
+    videos = videos_of(dataset, [4])  # v2.1: the episode's own files; v3.0: the files holding it and others
+    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | videos)
+    with cams_server.client() as http:
+        progress = http.get(f"/datasets/{repo_id}/cache").json()["hub"]
+    assert progress["files_done"] == len(before_serving(dataset)) + len(videos)
+    assert progress["fetching"] == {"files": 0, "bytes": 0, "bytes_done": 0, "first": []}
+    log = cams_server.log_path.read_text()
+    for video in videos:
+        assert f"Hub dataset {repo_id}: fetched {video}" in log
+    # Read again, nothing more is fetched.
+    with episerve.Client(cams_server.url) as client:
+        again = client.rows(repo_id, episodes=[4], columns=["episode_index", "frame_index", *CAMERAS])
+    assert again.equals(table)
+    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | videos)
+
+
+def test_takes_of_several_hub_datasets_in_one_request_fetch_each_ones_video_files(
+    hub: FakeHub, cams_server: ServerProcess, video_root: Path
+) -> None:
+    columns = ["episode_index", "frame_index", *CAMERAS]
+    picks = {"cams/mix-v21": ("cams-v21", 1, [0, 3, 1]), "cams/mix-v3": ("cams-v3", 8, [2])}
+    for repo_id, (name, _, _) in picks.items():
+        hub.repos[repo_id] = HubRepo()
+        hub.repos[repo_id].commit(video_root / name)
+    takes = [(episerve.Selection.of(repo, [episode], columns), rows) for repo, (_, episode, rows) in picks.items()]
+    with episerve.Client(cams_server.url) as client:  # one POST /takes, a mixture's batch
+        answers = client.read_takes(takes)
+    for (repo_id, (name, episode, rows)), pages in zip(picks.items(), answers, strict=True):
+        assert pages.table["episode_index"].to_pylist() == [episode] * len(rows)
+        assert pages.table["frame_index"].to_pylist() == rows
+        assert_frames(pages.table, video_root / name, CAMERAS)
+        assert {p for p in fetched(hub, repo_id) if p.startswith("videos/")} == videos_of(video_root / name, [episode])
+
+
+def test_a_read_waits_out_a_download_that_outlasts_its_retry_deadline_while_it_moves(
+    hub: FakeHub, cams_server: ServerProcess, video_root: Path
+) -> None:
+    hub.delays["cams/slow"] = 0.8  # 13 metadata and data files, then 18 video files, 4 at a time: about 6 s
+    retries = episerve.Retries(attempts=3, deadline=4.0)
+    started = time.monotonic()
+    with episerve.Client(cams_server.url, retries=retries) as client:
+        table = client.rows("cams/slow", columns=["episode_index", "frame_index", *CAMERAS])
+    assert time.monotonic() - started > retries.deadline  # past the deadline, because the download kept moving
+    assert table.num_rows == len(expected_rows(video_root / "cams-v21", list(range(9))))
+    assert_frames(table, video_root / "cams-v21", CAMERAS)
+
+
+def test_remote_lerobot_dataset_and_episode_datasets_in_dataloader_workers_read_a_hub_dataset(
+    hub: FakeHub, cams_server: ServerProcess, video_root: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    from episerve.lerobot import RemoteLeRobotDataset
+    from tests.client.test_lerobot import assert_same_sample, reference
+
+    dataset = video_root / "cams-v21"
+    remote = RemoteLeRobotDataset(cams_server.url, "cams/loader", episodes=[2, 7])  # first use: nothing to do first
+    expected = reference(dataset, (2, 7))
+    assert len(remote) == len(expected)
+    for i in (0, len(remote) - 1):
+        assert_same_sample(remote[i], expected.item(i), f"sample {i}")
+    episodes = episerve.EpisodeDataset(
+        cams_server.url, "cams/loader", episodes=[0, 5], columns=["episode_index", "frame_index", *CAMERAS]
+    )
+    loader = torch.utils.data.DataLoader(
+        episodes, batch_size=8, shuffle=True, num_workers=2, collate_fn=episerve.collate
+    )
+    seen = 0
+    for batch in loader:
+        rows = list(zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True))
+        for key in CAMERAS:
+            frames = torch.from_numpy(frames_for_rows(dataset, key, rows)).permute(0, 3, 1, 2)
+            assert torch.equal(batch[key], frames), key
+        seen += len(rows)
+    assert seen == len(episodes)
+    assert {p for p in fetched(hub, "cams/loader") if p.startswith("videos/")} == videos_of(dataset, [0, 2, 5, 7])
+
+
+# -- problems ----------------------------------------------------------------------------------------------------
+
+
+def test_repos_the_server_may_not_or_cannot_fetch_are_clear_problems(hub: FakeHub, tmp_path: Path) -> None:
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/pusht@v9.9", EPISERVE_HUB_ALLOW="lerobot/*")
     with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
-        assert ready(http, "lerobot/other").status_code == 200
         assert_problem(http.get("/datasets/acme/thing"), 404, "EPISERVE_HUB_ALLOW")
         assert_problem(ready(http, "lerobot/nope"), 404, "no Hub dataset 'lerobot/nope'")
+        assert_problem(ready(http, "lerobot/pusht"), 404, "has no revision 'v9.9'")
         gated = ready(http, "lerobot/gated")
         assert_problem(gated, 403, "gated or private", "HF_TOKEN")
         assert "hf_secret" not in gated.text
 
 
-def test_a_missing_revision_is_a_404_naming_it(hub: FakeHub, tmp_path: Path) -> None:
-    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/pusht@v9.9")
-    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
-        assert_problem(ready(http, "lerobot/pusht"), 404, "has no revision 'v9.9'")
-
-
-def test_a_gated_repo_is_served_with_a_token(hub: FakeHub, source: Path, tmp_path: Path) -> None:
-    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/gated", HF_TOKEN="hf_secret")
-    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
-        assert ready(http, "lerobot/gated").status_code == 200
-        with episerve.Client(server.url) as client:
-            assert client.rows("lerobot/gated", episodes=[2], columns=COLUMNS).equals(expected_rows(source, [2]))
-
-
-def test_a_dropped_connection_resumes_and_a_failing_hub_is_a_problem_a_retry_later_succeeds(
+def test_a_failing_dropped_or_corrupt_download_is_never_served_and_a_retry_succeeds_offline_too(
     hub: FakeHub, source: Path, tmp_path: Path
 ) -> None:
     repo = hub.repos["lerobot/other"]
-    files = sorted(repo.files[repo.branches["main"]])
-    parquet = next(p for p in files if p.endswith(".parquet"))
-    video = next(p for p in files if p.endswith(".mp4"))
-    hub.fail_next[video] = "drop"  # cut midway once: huggingface_hub resumes it with a range request
-    hub.refusing.add(parquet)  # and this one fails until the Hub recovers
+    files = repo.files[repo.branches["main"]]
+    parquet = sorted(p for p in files if p.startswith("data/"))
+    hub.fail_next[parquet[0]] = "drop"  # cut midway once: huggingface_hub resumes it with a range request
+    hub.refusing.add(parquet[-1])  # and this one fails until the Hub recovers
+    video = episode_video(source, TOP_CAMERA, 3).path.relative_to(source).as_posix()
+    hub.fail_next[video] = "corrupt"  # the same size, one byte changed: only its hash tells
+    local = tmp_path / "hf" / "lerobot" / "lerobot" / "other"
     env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB_ALLOW="lerobot/other")
     with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
-        failed = ready(http, "lerobot/other", seconds=120)
+        failed = ready(http, "lerobot/other")
         assert_problem(failed, 503, "'lerobot/other' cannot be downloaded now", "retry later")
-        assert not (tmp_path / "hf" / "lerobot" / "lerobot" / "other" / parquet).exists()  # nothing half-written
+        assert not (local / parquet[-1]).exists()  # nothing half-written
         hub.refusing.clear()
-        retried = ready(http, "lerobot/other")  # the next request downloads again
+        retried = ready(http, "lerobot/other")  # the next request starts over
         assert retried.status_code == 200, retried.text
         with episerve.Client(server.url) as client:
             assert client.rows("lerobot/other", columns=COLUMNS).equals(expected_rows(source, list(range(6))))
-    local = tmp_path / "hf" / "lerobot" / "lerobot" / "other"
-    assert (local / video).read_bytes() == (source / video).read_bytes()
+        # The corrupt video is found out by its hash, deleted and fetched again; its frames are never served.
+        details = []
+        deadline = time.monotonic() + 60
+        while (answer := http.get("/datasets/lerobot/other/rows", params=_frames_of(3))).status_code == 503:
+            assert time.monotonic() < deadline, details
+            details.append(answer.json()["detail"])
+            time.sleep(0.2)
+        assert answer.status_code == 200, answer.text
+        assert any(f"{video} as downloaded from the Hub has hash" in detail for detail in details), details
+        assert_frames(pa.ipc.open_stream(answer.content).read_all(), source, [TOP_CAMERA])
+    assert (local / parquet[0]).read_bytes() == files[parquet[0]]
+    assert (local / video).read_bytes() == files[video]
     offline = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/other", HF_HUB_OFFLINE="1")
     with ServerProcess([empty_root(tmp_path)], tmp_path / "cache-2", env=offline) as server, server.client() as http:
         assert ready(http, "lerobot/other").status_code == 200
-        with episerve.Client(server.url) as client:
-            assert client.rows("lerobot/other", episodes=[3], columns=COLUMNS).equals(expected_rows(source, [3]))
+        answer = http.get("/datasets/lerobot/other/rows", params=_frames_of(3))  # downloaded: served
+        assert answer.status_code == 200, answer.text
+        assert_frames(pa.ipc.open_stream(answer.content).read_all(), source, [TOP_CAMERA])
+        unfetched = episode_video(source, TOP_CAMERA, 0).path.relative_to(source).as_posix()
+        assert unfetched != video
+        assert_problem(
+            http.get("/datasets/lerobot/other/rows", params=_frames_of(0)), 503, unfetched, "HF_HUB_OFFLINE=1"
+        )
+
+
+def _frames_of(episode: int) -> dict[str, str]:
+    return {"episodes": str(episode), "columns": f"episode_index,frame_index,{TOP_CAMERA}"}

@@ -12,7 +12,8 @@ from app.store.warming import Warmer
 
 
 def cache_report(dataset: Dataset, warmer: Warmer) -> dict[str, Any]:
-    """Segments built / total and their bytes, decoded-frame segments, builds in progress, the warming job."""
+    """Segments built / total and their bytes, decoded-frame segments, builds in progress, the warming job, and for a
+    Hub dataset its files fetched and being fetched."""
     status = dataset.cache_status()
     job = warmer.job(dataset.id)
     return {
@@ -29,6 +30,7 @@ def cache_report(dataset: Dataset, warmer: Warmer) -> dict[str, Any]:
             for b in dataset.rows.building()
         ],
         "warming": job.as_dict() if job else None,
+        "hub": dataset.supply.describe(),
     }
 
 

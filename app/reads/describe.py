@@ -37,7 +37,7 @@ def describe_dataset(dataset: Dataset) -> dict[str, Any]:
         "columns": [{"name": f.name, "type": str(f.type)} for f in index.schema]
         + [_describe_camera(dataset, camera) for camera in meta.videos.values()],
         "features": meta.info.get("features") or None,
-        "hub": dataset.hub,
+        "hub": dataset.supply.describe(),
         # The format's own description (LeRobot's meta/info.json, as the file holds it): robot_type,
         # codebase_version, chunks_size, path templates... for clients that present LeRobot's metadata.
         "info": meta.info or None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.errors import OverLimit, ProblemError
+from app.errors import OverLimit, ProblemError, TryLater
 from app.reads.catalog import Catalog
 from app.reads.requests import DatasetTake, TakesRequest
 from app.reads.service import TakeRead
@@ -53,11 +53,22 @@ class TakesRead:
         return True
 
     def check(self) -> None:
-        """Raise the first take's problem, if any, before any is answered (loading indexes: it may block)."""
+        """Raise the first take's problem, if any, before any is answered (loading indexes: it may block); then make
+        sure the video files of every take's frames can be opened, all at once (a Hub dataset fetches those not
+        there yet: the first take's 503 is raised once every take's fetches are under way)."""
         for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
             with naming(number, take):
                 read.check()
         self._check_frame_bytes()
+        waiting: list[TryLater] = []
+        for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
+            try:
+                with naming(number, take):
+                    read.videos_at_hand()
+            except TryLater as exc:
+                waiting.append(exc)
+        if waiting:
+            raise waiting[0]
 
     def _check_frame_bytes(self) -> None:
         """A 413 when the takes' camera frames together hold more than `max_frame_bytes`: the limit bounds an

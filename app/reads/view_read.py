@@ -126,11 +126,8 @@ class ViewRead:
             return False
         if self.options.encoded_frames or any(self.cameras[key].tier.decodes for key in rows.cameras):
             return False  # an encode or decode per frame: not on the event loop
-        positions = rows.positions()
-        episodes = self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1]
-        source, copied = self.dataset.source(), 0
-        for key in rows.cameras:
-            paths = {source.episode_clip(key, e).path for e in distinct(episodes)}
+        copied = 0
+        for key, paths in self.video_files(rows).items():
             for path in paths:
                 segment = self.dataset.frames.mapped_segment(path)
                 if segment is None:
@@ -142,6 +139,21 @@ class ViewRead:
                 copied += rows.count * frame_bytes
         self.inline_bytes += copied
         return copied <= self.dataset.limits.inline_read_bytes
+
+    def video_files(self, rows: RowsNeeded) -> dict[str, set[str]]:
+        """The video files holding the frames of each camera `rows` asks for (windows lie in the same episodes)."""
+        positions = rows.positions()
+        episodes = distinct(self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1])
+        source = self.dataset.source()
+        return {key: {source.episode_clip(key, e).path for e in episodes} for key in rows.cameras}
+
+    def videos_at_hand(self, rows: RowsNeeded) -> None:
+        """Make sure every video file the frames of `rows` lie in can be opened, before a row is read: where the
+        dataset's files are fetched as reads need them (from the Hub), those not there yet are fetched, all at once,
+        and the read is answered 503 with the progress meanwhile, so an answer sent in pieces is never cut short by
+        a file missing midway. A quick read found every frame in a mapped segment already."""
+        if self.may_block and rows.cameras and rows.count:
+            self.dataset.supply.at_hand(set().union(*self.video_files(rows).values()))
 
     # -- segments ------------------------------------------------------------------------------------------------
 

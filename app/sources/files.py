@@ -1,20 +1,51 @@
 """Where a dataset's files are: a local directory (`pathlib.Path`) or a prefix in an object store
 (`RemotePath`). Both are walked, stat'ed and read through the same `Path` methods; opening a file for a reader
 that needs random access (parquet, video) is the one thing that differs, and it happens here, as does turning a
-failure of the store during such a read into an `ObjectStoreError` naming the object."""
+failure of the store during such a read into an `ObjectStoreError` naming the object.
+
+How the files come to be there is a dataset's `FileSupply`: a local directory or an object store has every file
+(`ALL_THERE`); a dataset from the Hugging Face Hub fetches a camera's video file when a read first needs it
+(`app.sources.hub.HubSnapshot`)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from app.sources.object_store import RemotePath, etag_of, read_failure
 
 DatasetPath = Path | RemotePath
 VIDEO_READ_BYTES = 1 << 20  # a decoder's small reads become ranged GETs of this size
+
+
+class FileSupply(Protocol):
+    """How a dataset's files come to be there to open."""
+
+    def at_hand(self, rels: Collection[str]) -> None:
+        """Return once every file of `rels` (paths relative to the dataset) can be opened; else start fetching all
+        those that are not there yet, at once, in the background, and raise `TryLater` (a 503 with the progress)."""
+        ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """Where the files come from and how their fetching stands, for `GET /datasets/{id}` and `/cache` (None:
+        nothing to say)."""
+        ...
+
+
+class _AllThere:
+    """The supply of a local directory or an object store: every file is there."""
+
+    def at_hand(self, rels: Collection[str]) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any] | None:
+        return None
+
+
+ALL_THERE: FileSupply = _AllThere()
 
 
 def is_remote_path(path: DatasetPath) -> bool:

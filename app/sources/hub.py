@@ -4,13 +4,20 @@ A Hub dataset is configured (`EPISERVE_HUB=lerobot/pusht@main,...`) or, where th
 (`EPISERVE_HUB_ALLOW=lerobot/*`), named by a client on first use. Its revision is resolved to a commit once, at first
 use (a moving branch is re-resolved only at the server's next start), and its files are downloaded by
 `huggingface_hub` into LeRobot's own place for them, `$HF_LEROBOT_HOME/<repo id>` (default
-`$HF_HOME/lerobot/<repo id>`), so LeRobot and episerve never download a dataset twice. The download runs in the
-background: until every file is there, a request is answered 503 with the progress. `huggingface_hub` writes each
-file under a temporary name, checks it and only then moves it into place, so nothing half-downloaded is ever served;
-a failed download is retried by the next request. `HF_TOKEN` reads gated and private repos; `HF_HUB_OFFLINE=1`
-serves what is already there.
+`$HF_HOME/lerobot/<repo id>`), so LeRobot and episerve never download a file twice.
 
-Once downloaded, the dataset is a local directory and is served like any other root.
+What is fetched when:
+- at first use, the metadata (`meta/`: info.json, episodes, tasks, stats) and then every other file but the camera
+  videos (the data parquet files, small next to the videos); until they are all there, requests for the dataset are
+  answered 503 with the progress. From then on the dataset is that local directory, served like any other.
+- a camera's video file (`videos/...`: in v3.0 one file holds several episodes, in v2.1 one episode) when a read
+  first needs frames from it: the read lists every video file it needs before it reads a row (`HubSnapshot.at_hand`,
+  the dataset's `FileSupply`), those not there yet are downloaded in the background, all at once, and the read is
+  answered 503 with `Retry-After` and the progress meanwhile.
+
+Every file is checked before it is served (`app.sources.hub_files`), and a failed download is a problem that the
+next request retries. `HF_TOKEN` reads gated and private repos; `HF_HUB_OFFLINE=1` (or a Hub that cannot be reached
+at first use) serves what is already there, unchecked: without the Hub there are no hashes to check against.
 """
 
 from __future__ import annotations
@@ -18,13 +25,24 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 from typing import Any
 
-from app.errors import DoesNotExist, ProblemError, TryLater
+from app.errors import DatasetError, DoesNotExist, ProblemError, TryLater
+from app.sources.files import ALL_THERE, DatasetPath, FileSupply
+from app.sources.hub_files import CheckedFiles, FileFetch, HubFile, download, human_bytes
 
 log = logging.getLogger("episerve.hub")
+
+FETCHED_ON_READ = "videos/"  # files below it are fetched when a read needs them; all others before serving
+DOWNLOADS = 4  # files downloaded at once, per server process
+RETRY_AFTER_S = 1
+PROGRESS_HEADER = "X-Download-Progress"  # `<bytes done>/<bytes>` of the files a 503 waits for: fewer left, moving
+_SHOWN = 20  # files listed by name in a progress report
 
 
 class NotAllowed(ProblemError):
@@ -32,27 +50,6 @@ class NotAllowed(ProblemError):
 
     status = 403
     title = "Forbidden"
-
-
-@dataclass
-class _Download:
-    """One repo's resolve and download: its state, progress, and the snapshot once it is complete."""
-
-    repo_id: str
-    revision: str
-    commit: str | None = None
-    files: int = 0
-    done: int = 0
-    path: Path | None = None
-    error: ProblemError | None = None
-
-    def describe(self) -> dict[str, Any]:
-        state = "ready" if self.path is not None else "failed" if self.error is not None else "downloading"
-        described: dict[str, Any] = {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
-        described |= {"state": state, "files": self.files, "files_done": self.done}
-        if self.error is not None:
-            described["error"] = self.error.detail
-        return described
 
 
 def parse_hub_datasets(entries: list[str]) -> dict[str, str]:
@@ -67,126 +64,335 @@ def parse_hub_datasets(entries: list[str]) -> dict[str, str]:
 
 
 class HubDatasets:
-    """The Hub datasets a server may serve, and their downloads (one per repo and process)."""
+    """The Hub datasets a server may serve, and their snapshots (one per repo and process). `records`: where checks
+    of downloaded files are recorded (below the server's cache directory)."""
 
-    def __init__(self, configured: dict[str, str], allow: list[str]) -> None:
+    def __init__(self, configured: dict[str, str], allow: list[str], records: Path) -> None:
         self.configured = configured
         self.allow = allow
-        self._downloads: dict[str, _Download] = {}
+        self.records = records
+        self._snapshots: dict[str, HubSnapshot] = {}
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def offers(self, repo_id: str) -> bool:
         """Whether `repo_id` may be served from the Hub: configured, or allowed by a pattern."""
         return repo_id in self.configured or any(fnmatch.fnmatchcase(repo_id, p) for p in self.allow)
 
     def start_configured(self) -> None:
-        """Start downloading every configured dataset (at the server's start)."""
+        """Start fetching every configured dataset (at the server's start)."""
         for repo_id in self.configured:
-            self._download(repo_id)
+            self._snapshot(repo_id)
 
     def ready(self) -> dict[str, Path]:
-        """The Hub datasets downloaded whole, by repo id."""
+        """The directories of the Hub datasets ready to serve, by repo id."""
         with self._lock:
-            return {repo_id: d.path for repo_id, d in self._downloads.items() if d.path is not None}
+            return {repo_id: s.directory for repo_id, s in self._snapshots.items() if s.state == "ready"}
 
     def path(self, repo_id: str) -> Path:
-        """The local snapshot of `repo_id`; a 503 with the progress while it downloads; the problem of a failed
-        download (a later request starts it again)."""
-        download = self._download(repo_id)
-        if download.path is not None:
-            return download.path
-        if download.error is not None:
+        """The local directory of `repo_id` once its metadata and data files are there; a 503 with the progress until
+        then; the problem of a failed resolve or download (a later request starts over)."""
+        snapshot = self._snapshot(repo_id)
+        if snapshot.state == "ready":
+            return snapshot.directory
+        if snapshot.state == "failed":
             with self._lock:
-                if self._downloads.get(repo_id) is download:
-                    del self._downloads[repo_id]  # the next request tries again
-            raise download.error
-        progress = f"{download.done} of {download.files} files" if download.files else "resolving the revision"
-        raise TryLater(
-            f"dataset {repo_id!r} is being downloaded from the Hub ({progress}); retry shortly",
-            headers={"Retry-After": "2"},
-        )
+                if self._snapshots.get(repo_id) is snapshot:
+                    del self._snapshots[repo_id]  # the next request tries again
+            assert snapshot.error is not None
+            raise snapshot.error
+        raise snapshot.preparing()
 
-    def describe(self, repo_id: str) -> dict[str, Any] | None:
-        """Where the download of `repo_id` stands (None: not a Hub dataset of this process)."""
+    def supply(self, repo_id: str, path: DatasetPath) -> FileSupply:
+        """How the files of the dataset `repo_id` at `path` come to be there: its Hub snapshot when `path` is that
+        snapshot's directory, else (a dataset below a root) every file is."""
         with self._lock:
-            download = self._downloads.get(repo_id)
-        return None if download is None else download.describe()
+            snapshot = self._snapshots.get(repo_id)
+        if snapshot is not None and snapshot.state == "ready" and snapshot.directory == path:
+            return snapshot
+        return ALL_THERE
 
-    def _download(self, repo_id: str) -> _Download:
+    def _snapshot(self, repo_id: str) -> HubSnapshot:
         with self._lock:
-            download = self._downloads.get(repo_id)
-            if download is None:
-                download = _Download(repo_id, self.configured.get(repo_id, "main"))
-                self._downloads[repo_id] = download
-                thread = threading.Thread(target=self._run, args=(download,), name=f"episerve-hub-{repo_id}")
-                thread.daemon = True
-                thread.start()
-        return download
-
-    def _run(self, download: _Download) -> None:
-        try:
-            path = _fetch(download)
-            download.done = download.files
-            download.path = path
-            log.info("Hub dataset %s@%s is downloaded (%d files)", download.repo_id, download.commit, download.files)
-        except ProblemError as exc:
-            download.error = exc
-            log.warning("Hub dataset %s: %s", download.repo_id, exc.detail)
-        except Exception as exc:  # the library's own errors: a problem to retry, never a crashed thread
-            download.error = TryLater(f"downloading {download.repo_id!r} from the Hub failed: {exc}; retry later")
-            log.warning("Hub dataset %s: download failed: %s", download.repo_id, exc)
+            snapshot = self._snapshots.get(repo_id)
+            if snapshot is None:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="episerve-hub")
+                revision = self.configured.get(repo_id, "main")
+                directory = lerobot_home() / repo_id
+                snapshot = HubSnapshot(repo_id, revision, directory, self.records / repo_id, self._pool)
+                self._snapshots[repo_id] = snapshot
+                snapshot.start()
+        return snapshot
 
 
-def _fetch(download: _Download) -> Path:
-    """Resolve the revision to a commit and download every file of it into the Hub cache."""
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+class HubSnapshot:
+    """One Hub dataset at one commit in its local directory: what the Hub lists, which files are there and checked,
+    and the fetches under way. Once ready (its metadata and data files there), the dataset's `FileSupply`: a camera's
+    video file is fetched when a read needs it."""
 
-    repo_id, revision = download.repo_id, download.revision
-    try:
-        try:
-            info = HfApi().dataset_info(repo_id, revision=revision)
-            download.commit = info.sha
-            download.files = len(info.siblings or [])
-        except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError):
-            raise
-        except Exception as exc:  # offline (HF_HUB_OFFLINE=1) or unreachable: what the cache holds may do
-            log.info("Hub dataset %s: the Hub cannot be asked (%s); looking in the cache", repo_id, exc)
-            local = lerobot_home() / repo_id
-            path = Path(
-                snapshot_download(
-                    repo_id, repo_type="dataset", revision=revision, local_dir=local, local_files_only=True
+    def __init__(self, repo_id: str, revision: str, directory: Path, records: Path, pool: ThreadPoolExecutor) -> None:
+        self.repo_id = repo_id
+        self.revision = revision
+        self.directory = directory
+        self.commit: str | None = None
+        self.listing: dict[str, HubFile] | None = None  # None: not resolved yet, or the Hub could not be asked
+        self.state = "resolving"  # resolving, downloading (metadata and data files), ready, failed
+        self.error: ProblemError | None = None
+        self.checked = CheckedFiles(directory, records)
+        self._pool = pool
+        self._fetches: dict[str, FileFetch] = {}  # files being fetched, and those whose last fetch failed
+        self._before_serving: list[FileFetch] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Resolve the revision and fetch the metadata and data files, in the background."""
+        thread = threading.Thread(target=self._prepare, name=f"episerve-hub-{self.repo_id}", daemon=True)
+        thread.start()
+
+    # -- the supply ------------------------------------------------------------------------------------------------
+
+    def at_hand(self, rels: Collection[str]) -> None:
+        """Return once every file of `rels` is there and checked; else fetch those that are not, all at once, and
+        raise `TryLater` with the progress (a file whose last fetch failed is fetched again, and its problem told)."""
+        listing = self.listing
+        if listing is None:  # the Hub could not be asked: what is there is served as it is
+            missing = sorted(rel for rel in rels if not (self.directory / rel).is_file())
+            if missing:
+                raise TryLater(
+                    f"{_named(missing)} of the Hub dataset {self.repo_id!r} {_are(missing)} not downloaded, and the "
+                    "Hub cannot be asked now (HF_HUB_OFFLINE=1, or unreachable); retry later",
+                    headers={"Retry-After": "30"},
                 )
-            )
-            download.files = download.done = sum(1 for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
-            return path
-        log.info("Hub dataset %s@%s is commit %s: downloading %d files", repo_id, revision, info.sha, download.files)
-        tqdm_class = _progress_of(download)
-        local = lerobot_home() / repo_id
-        return Path(
-            snapshot_download(repo_id, repo_type="dataset", revision=info.sha, local_dir=local, tqdm_class=tqdm_class)
+            return
+        wanted = [listing[rel] for rel in sorted(rels) if rel in listing]  # one the Hub lacks fails as it is opened
+        if all(self.checked.holds(file) for file in wanted):
+            return
+        fetches, failed = self._fetch(wanted, reason="a read needs them")
+        if not fetches:
+            return
+        done, total = sum(f.bytes_done for f in fetches), sum(f.file.size for f in fetches)
+        detail = (
+            f"dataset {self.repo_id!r}: {len(fetches)} {_files(fetches)} this read needs "
+            f"{_are(fetches)} being downloaded from the Hub ({_named([f.file.path for f in fetches])}: "
+            f"{human_bytes(done)} of {human_bytes(total)})"
         )
-    except GatedRepoError as exc:
-        raise NotAllowed(
-            f"the Hub dataset {repo_id!r} is gated or private: accept its terms on the Hub and give the server a "
-            "token that may read it (HF_TOKEN)"
-        ) from exc
-    except RevisionNotFoundError as exc:
-        raise DoesNotExist(f"the Hub dataset {repo_id!r} has no revision {revision!r}") from exc
-    except RepositoryNotFoundError as exc:
-        raise DoesNotExist(
-            f"no Hub dataset {repo_id!r} (or it is private: give the server a token that may read it, HF_TOKEN)"
-        ) from exc
-    except LocalEntryNotFoundError as exc:
-        raise TryLater(
-            f"the Hub dataset {repo_id!r} cannot be downloaded now (the Hub is unreachable or failing, or "
-            "HF_HUB_OFFLINE=1) and is not downloaded whole yet; retry later"
-        ) from exc
+        if failed:
+            detail += f"; the last try failed: {failed[0].problem.detail if failed[0].problem else 'unknown'}"
+        raise TryLater(f"{detail}; retry shortly", headers=_progress_headers(done, total))
+
+    def describe(self) -> dict[str, Any]:
+        """The repo, revision and commit; the state; files and bytes listed, there and checked, and being fetched
+        (the first few by name); files whose last fetch failed, with the problem."""
+        listing = self.listing
+        with self._lock:
+            fetches = list(self._fetches.values())
+        pending = [f for f in fetches if f.state != "failed"]
+        described: dict[str, Any] = {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
+        described["state"] = self.state
+        if listing is not None:
+            there = [file for file in listing.values() if self.checked.holds(file)]
+            described |= {"files": len(listing), "bytes": sum(f.size for f in listing.values())}
+            described |= {"files_done": len(there), "bytes_done": sum(f.size for f in there)}
+        described["fetching"] = {
+            "files": len(pending),
+            "bytes": sum(f.file.size for f in pending),
+            "bytes_done": sum(f.bytes_done for f in pending),
+            "first": [f.as_json() for f in pending[:_SHOWN]],
+        }
+        described["failed"] = [f.as_json() for f in fetches if f.state == "failed"]
+        if self.error is not None:
+            described["error"] = self.error.detail
+        return described
+
+    # -- before serving --------------------------------------------------------------------------------------------
+
+    def preparing(self) -> TryLater:
+        """The 503 for a request while the revision is resolved and the metadata and data files are fetched."""
+        fetches = self._before_serving
+        if not fetches:
+            return TryLater(
+                f"dataset {self.repo_id!r} is being downloaded from the Hub (resolving the revision); retry shortly",
+                headers=_progress_headers(0, 0),
+            )
+        finished = sum(f.state == "done" for f in fetches)
+        done = sum(f.file.size if f.state == "done" else f.bytes_done for f in fetches)
+        total = sum(f.file.size for f in fetches)
+        return TryLater(
+            f"dataset {self.repo_id!r} is being downloaded from the Hub: its metadata and data files, {finished} of "
+            f"{len(fetches)} files ({human_bytes(done)} of {human_bytes(total)}); camera videos are fetched as reads "
+            "need them; retry shortly",
+            headers=_progress_headers(done, total),
+        )
+
+    def _prepare(self) -> None:
+        started = time.monotonic()
+        try:
+            self._resolve()
+            if self.listing is not None:
+                self._fetch_before_serving()
+            self.state = "ready"
+        except ProblemError as exc:
+            self.error, self.state = exc, "failed"
+            log.warning("Hub dataset %s: %s", self.repo_id, exc.detail)
+            return
+        except Exception as exc:  # the library's own errors: a problem to retry, never a crashed thread
+            self.error = TryLater(f"the Hub dataset {self.repo_id!r} cannot be downloaded now: {exc}; retry later")
+            self.state = "failed"
+            log.warning("Hub dataset %s: download failed: %s", self.repo_id, exc)
+            return
+        log.info(
+            "Hub dataset %s@%s is ready to serve (%.1f s); camera videos are fetched as reads need them",
+            self.repo_id,
+            self.commit,
+            time.monotonic() - started,
+        )
+
+    def _resolve(self) -> None:
+        """The commit the revision names, and the files listed there (with sizes and hashes)."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+        try:
+            info = HfApi().dataset_info(self.repo_id, revision=self.revision, files_metadata=True)
+        except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as exc:
+            raise self._problem(exc) from exc
+        except Exception as exc:  # offline (HF_HUB_OFFLINE=1) or unreachable: what is there may do
+            if (self.directory / "meta/info.json").is_file():
+                log.info("Hub dataset %s: the Hub cannot be asked (%s); serving what is downloaded", self.repo_id, exc)
+                return
+            raise TryLater(
+                f"the Hub dataset {self.repo_id!r} cannot be downloaded now (the Hub is unreachable or failing, or "
+                "HF_HUB_OFFLINE=1) and its metadata and data files are not downloaded yet; retry later"
+            ) from exc
+        self.commit = info.sha
+        self.listing = {sibling.rfilename: HubFile.of(sibling) for sibling in info.siblings or []}
+        total = sum(file.size for file in self.listing.values())
+        log.info(
+            "Hub dataset %s@%s is commit %s: %d files, %s",
+            self.repo_id,
+            self.revision,
+            self.commit,
+            len(self.listing),
+            human_bytes(total),
+        )
+
+    def _fetch_before_serving(self) -> None:
+        """Fetch the metadata, then every other file but the camera videos, and wait for them all."""
+        assert self.listing is not None
+        files = [file for path, file in self.listing.items() if not path.startswith(FETCHED_ON_READ)]
+        files.sort(key=lambda file: (not file.path.startswith("meta/"), file.path))
+        self.state = "downloading"
+        fetches, _ = self._fetch(files, reason="before serving: metadata first, then the data files")
+        self._before_serving = fetches
+        wait_for([fetch.future for fetch in fetches if fetch.future is not None])
+        failed = next((fetch for fetch in fetches if fetch.state == "failed"), None)
+        if failed is not None and failed.problem is not None:
+            raise failed.problem
+
+    # -- fetching ----------------------------------------------------------------------------------------------------
+
+    def _fetch(self, files: list[HubFile], reason: str) -> tuple[list[FileFetch], list[FileFetch]]:
+        """Start fetching each of `files` that is not there and checked, unless its fetch is under way; the fetches
+        the caller waits for, and those among them whose last try failed (started again)."""
+        started: list[FileFetch] = []
+        waited: list[FileFetch] = []
+        failed: list[FileFetch] = []
+        with self._lock:
+            for file in files:
+                fetch = self._fetches.get(file.path)
+                if fetch is None and self.checked.holds(file):
+                    continue
+                if fetch is None or fetch.state == "failed":
+                    if fetch is not None:
+                        failed.append(fetch)
+                    fetch = self._fetches[file.path] = FileFetch(file)
+                    started.append(fetch)
+                waited.append(fetch)
+            for fetch in started:
+                fetch.future = self._pool.submit(self._run, fetch)
+        if started:
+            total = sum(fetch.file.size for fetch in started)
+            shown = _named([fetch.file.path for fetch in started])
+            log.info("Hub dataset %s: fetching %s (%s), %s", self.repo_id, shown, human_bytes(total), reason)
+        return waited, failed
+
+    def _run(self, fetch: FileFetch) -> None:
+        """Download one file and check it; once checked it is no longer a fetch (the directory holds it)."""
+        assert self.commit is not None
+        started = time.monotonic()
+        try:
+            fetch.state = "downloading"
+            download(self.repo_id, self.commit, self.directory, fetch)
+            fetch.state, fetch.bytes_done = "checking", fetch.file.size
+            self.checked.check(fetch.file)
+        except Exception as exc:
+            fetch.problem = self._problem(exc)
+            fetch.state = "failed"
+            log.warning("Hub dataset %s: fetching %s failed: %s", self.repo_id, fetch.file.path, fetch.problem.detail)
+            return
+        fetch.state = "done"
+        with self._lock:
+            if self._fetches.get(fetch.file.path) is fetch:
+                del self._fetches[fetch.file.path]
+        log.info(
+            "Hub dataset %s: fetched %s (%s in %.1f s)",
+            self.repo_id,
+            fetch.file.path,
+            human_bytes(fetch.file.size),
+            time.monotonic() - started,
+        )
+
+    def _problem(self, exc: BaseException) -> ProblemError:
+        """What a failure of `huggingface_hub` (or of a check) tells a client."""
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        repo_id = self.repo_id
+        if isinstance(exc, ProblemError):
+            return exc
+        if isinstance(exc, GatedRepoError):
+            return NotAllowed(
+                f"the Hub dataset {repo_id!r} is gated or private: accept its terms on the Hub and give the server a "
+                "token that may read it (HF_TOKEN)"
+            )
+        if isinstance(exc, RevisionNotFoundError):
+            return DoesNotExist(f"the Hub dataset {repo_id!r} has no revision {self.revision!r}")
+        if isinstance(exc, RepositoryNotFoundError):
+            return DoesNotExist(
+                f"no Hub dataset {repo_id!r} (or it is private: give the server a token that may read it, HF_TOKEN)"
+            )
+        if isinstance(exc, EntryNotFoundError):
+            return DatasetError(f"the Hub dataset {repo_id!r} at commit {self.commit} lacks a file it lists: {exc}")
+        return TryLater(f"the Hub dataset {repo_id!r} cannot be downloaded now: {_reason(exc)}; retry later")
+
+
+def _progress_headers(done: int, total: int) -> dict[str, str]:
+    """`Retry-After`, and the bytes of the files a 503 waits for (a client waits as long as they grow)."""
+    return {"Retry-After": str(RETRY_AFTER_S), PROGRESS_HEADER: f"{done}/{total}"}
+
+
+def _named(paths: list[str]) -> str:
+    shown = ", ".join(paths[:3])
+    return shown if len(paths) <= 3 else f"{shown} and {len(paths) - 3} more"
+
+
+def _files(items: Collection[Any]) -> str:
+    return "file" if len(items) == 1 else "files"
+
+
+def _are(items: Collection[Any]) -> str:
+    return "is" if len(items) == 1 else "are"
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an error's message (the library's messages go on with advice for its own users)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
 
 
 def lerobot_home() -> Path:
@@ -196,19 +402,3 @@ def lerobot_home() -> Path:
     from huggingface_hub.constants import HF_HOME
 
     return Path(os.environ.get("HF_LEROBOT_HOME") or Path(HF_HOME) / "lerobot").expanduser()
-
-
-def _progress_of(download: _Download) -> Any:
-    """A tqdm class counting the snapshot's files done into `download` (huggingface_hub's progress hook)."""
-    from tqdm.auto import tqdm
-
-    class Progress(tqdm):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            download.done += int(n or 0)
-            return super().update(n)
-
-    return Progress

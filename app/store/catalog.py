@@ -105,9 +105,8 @@ class Catalog:
         self._logged_skips: set[tuple[str, SkippedDirectory]] = set()
         self._datasets: dict[str, Dataset] = {}
         self._scanned_at = 0.0
-        self.hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow)
+        self.hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow, settings.cache_dir / "hub")
         self.scan()
-        self.hub.start_configured()
 
     def scan(self) -> dict[str, DatasetPath]:
         """Find every dataset below the roots; two roots offering the same id, or a root inside a LeRobot dataset,
@@ -181,7 +180,7 @@ class Catalog:
         validate_dataset_id(dataset_id)
         path = self._paths.get(dataset_id)
         if path is None and self.hub.offers(dataset_id):
-            path = self.hub.path(dataset_id)  # a 503 with the progress until it is downloaded
+            path = self.hub.path(dataset_id)  # a 503 with the progress until its metadata and data files are there
             with self._lock:
                 self._paths.setdefault(dataset_id, path)
         if path is None:
@@ -199,7 +198,7 @@ class Catalog:
             if dataset is None or dataset.path != path:
                 cache_dir = self.settings.cache_dir / "datasets" / Dataset.cache_key(dataset_id, path)
                 dataset = Dataset(dataset_id, path, cache_dir, self.settings, self.shared)
-                dataset.hub = self.hub.describe(dataset_id) if path == self.hub.ready().get(dataset_id) else None
+                dataset.supply = self.hub.supply(dataset_id, path)
                 self._datasets[dataset_id] = dataset
             return dataset
 

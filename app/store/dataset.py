@@ -30,6 +30,7 @@ from app.errors import DatasetError, TryLater
 from app.settings import Settings
 from app.sources import DatasetInfo, DatasetPath, Source, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
+from app.sources.files import ALL_THERE, FileSupply
 from app.sources.frame_tiers import parse_tier
 from app.store.episode_index import EpisodeIndex, file_identity, load_or_build_index
 from app.store.frame_budget import FrameBudget
@@ -75,7 +76,7 @@ class Dataset:
         self.default_episode_column = limits.episode_column
         self.episode_column = limits.episode_column
         self.limits = limits
-        self.hub: dict[str, Any] | None = None  # where a Hugging Face Hub dataset came from (repo, revision, commit)
+        self.supply: FileSupply = ALL_THERE  # how its files come to be there (a Hub dataset fetches as reads need)
         self._lock = threading.Lock()
         self._source: Source | None = None
         self._index: EpisodeIndex | None = None

@@ -45,7 +45,11 @@ class FrameCache(SegmentStore):
         return known
 
     def mapped_segment(self, rel: str) -> Segment | None:
-        """The decoded-frame segment of video file `rel` if this process has it mapped already."""
+        """The decoded-frame segment of video file `rel` if this process has it mapped already. A file this process
+        has not fingerprinted has no segment mapped here: None, without a look at the file (which may not even be
+        there yet: a Hub dataset's video is fetched by the first read that needs it)."""
+        if rel not in self._fingerprints:
+            return None
         mapped = self.opened(self.file_fingerprint(rel))
         return None if mapped is None else self._used(mapped)
 

@@ -22,7 +22,7 @@ from episerve._encoded_frames import FRAMES, decoded_frames
 from episerve._episodes import Episodes
 from episerve._errors import ConnectionFailed, EpiserveError, NotFound, ServerError, TooLarge, server_error
 from episerve._local_frames import FramesUnavailable, LocalFrames
-from episerve._retry import RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
+from episerve._retry import PROGRESS_HEADER, RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
 from episerve._selection import ArrowBody, DeltaTimestamps, Pages, Selection
 from episerve._transport import (
     ConnectError,
@@ -371,10 +371,14 @@ class Client:
                 if response.status < 400:
                     return response
                 error = _error(response, method, url)
-                wait = budget.next_wait(parse_retry_after(response.headers.get("retry-after")))
+                progress = response.headers.get(PROGRESS_HEADER) if error.status == 503 else None
+                wait = budget.next_wait(parse_retry_after(response.headers.get("retry-after")), progress=progress)
                 if error.status not in RETRY_STATUSES or error.body.get("transient") is False or wait is None:
                     raise error
-                _log_retry(method, url, f"{error.status} {error.title}: {error.detail}", wait, budget, None)
+                if progress is not None:
+                    _log_download_wait(method, url, error.detail, wait, budget)
+                else:
+                    _log_retry(method, url, f"{error.status} {error.title}: {error.detail}", wait, budget, None)
             time.sleep(wait)
 
     def _request(self, method: str, path: str, query: dict[str, Any] | None, body: Any, arrow: bool) -> Request:
@@ -501,6 +505,18 @@ def _log_retry(method: str, url: str, reason: str, wait: float, budget: RetryBud
         reason,
         budget.attempt,
         budget.policy.attempts - 1,
+        wait,
+        max(0.0, left),
+    )
+
+
+def _log_download_wait(method: str, url: str, detail: str, wait: float, budget: RetryBudget) -> None:
+    left = budget.deadline() - budget.elapsed
+    log.info(
+        "%s %s waits for the server's download (%s); next try in %.2f s (given up if it does not move for %.1f s)",
+        method,
+        url,
+        detail,
         wait,
         max(0.0, left),
     )

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+PROGRESS_HEADER = "x-download-progress"  # `<bytes done>/<bytes>` of a download the server answers 503 for
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class Retries:
     Until the server has answered a client once, refused or failed connections are retried for
     `first_contact_deadline` seconds only: a wrong URL or a server that is not running fails fast, while a server
     that was up and went away (a restart during training) gets the whole `deadline`.
+
+    A 503 that reports a download under way (the files of a Hub dataset a read needs: `X-Download-Progress`) is
+    waited out however long it takes, as long as it moves: such answers use up no attempts, and each one whose
+    download moved (fewer bytes left, or other files) starts the deadline afresh, so only a download that does not
+    move for `deadline` seconds gives up.
     """
 
     attempts: int = 10
@@ -54,23 +60,44 @@ class RetryBudget:
         self.policy = policy
         self.started = time.monotonic()
         self.attempt = 0
+        self._least_left: dict[int, int] = {}  # bytes of the files a download 503 waits for -> the fewest left
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def next_wait(self, retry_after: float | None = None, *, deadline: float | None = None) -> float | None:
+    def next_wait(
+        self, retry_after: float | None = None, *, deadline: float | None = None, progress: str | None = None
+    ) -> float | None:
         """Seconds to wait before the next attempt, or None when the budget is spent (the caller then raises).
 
-        `deadline` shortens the policy's deadline for this decision (never lengthens it).
+        `deadline` shortens the policy's deadline for this decision (never lengthens it). `progress`: the download
+        progress a 503 reported (uses up no attempt; the deadline runs from the last time it moved).
         """
-        self.attempt += 1
-        if self.attempt >= self.policy.attempts:
-            return None
-        wait = self.policy.delay(self.attempt - 1, retry_after)
+        if progress is None:
+            self.attempt += 1
+            if self.attempt >= self.policy.attempts:
+                return None
+        elif self._moved(progress):
+            self.started = time.monotonic()
+        wait = self.policy.delay(max(0, self.attempt - 1), retry_after)
         if self.elapsed + wait > self.deadline(deadline):
             return None
         return wait
+
+    def _moved(self, progress: str) -> bool:
+        """Whether a download's progress (`<bytes done>/<bytes>`) moved: files of another size in all than before
+        (the download went on to other files, or some are done), or fewer bytes left of the same ones than at any
+        answer before (answers may come from several server workers, each with its own view of one download)."""
+        try:
+            done, total = (int(part) for part in progress.split("/"))
+        except ValueError:
+            return False
+        least = self._least_left.get(total)
+        if least is not None and total - done >= least:
+            return False
+        self._least_left[total] = total - done
+        return True
 
     def deadline(self, shorter: float | None = None) -> float:
         """The deadline in force: the policy's, or `shorter` when that is less."""

@@ -18,18 +18,24 @@ FAST = episerve.Retries(attempts=4, backoff=0.05, max_backoff=0.2, deadline=1.5)
 
 
 class _Busy(BaseHTTPRequestHandler):
-    """Answers 503 with `Retry-After: <retry_after>` to the first `busy` requests, then a tiny catalog."""
+    """Answers 503 with `Retry-After: <retry_after>` to the first `busy` requests, then a tiny catalog. With
+    `progress`, the 503s report a download (`X-Download-Progress`): the n-th one `progress[n]` (the last one
+    repeated)."""
 
     busy = 1
     retry_after = "1"
+    progress: tuple[str, ...] = ()
     seen: list[float]
 
     def do_GET(self) -> None:
         type(self).seen.append(time.monotonic())
-        if len(type(self).seen) <= type(self).busy:
+        answered = len(type(self).seen)
+        if answered <= type(self).busy:
             body = json.dumps({"type": "about:blank", "title": "Unavailable", "status": 503, "detail": "warming up"})
             self.send_response(503)
             self.send_header("Retry-After", type(self).retry_after)
+            if type(self).progress:
+                self.send_header("X-Download-Progress", type(self).progress[min(answered, len(self.progress)) - 1])
         else:
             body = json.dumps({"datasets": [{"id": "x"}]})
             self.send_response(200)
@@ -130,6 +136,30 @@ def test_persistent_503_gives_up_after_the_attempts(busy_server: tuple[str, type
     with pytest.raises(episerve.Unavailable):
         client.datasets()
     assert len(handler.seen) == 3
+
+
+def test_a_download_that_moves_is_waited_out_past_the_attempts_and_the_deadline(
+    busy_server: tuple[str, type[_Busy]],
+) -> None:
+    address, handler = busy_server
+    handler.busy, handler.retry_after = 8, "0.1"
+    handler.progress = ("0/800", "100/800", "200/800", "300/800", "0/300", "100/300", "200/300", "250/300")
+    client = episerve.Client(address, retries=episerve.Retries(attempts=3, deadline=0.6))
+    assert client.datasets() == [{"id": "x"}]  # 8 waits of 0.1 s: past the deadline, and more than 3 attempts
+    assert len(handler.seen) == 9
+
+
+def test_a_download_that_stops_moving_is_given_up_after_the_deadline(busy_server: tuple[str, type[_Busy]]) -> None:
+    address, handler = busy_server
+    handler.busy, handler.retry_after = 1000, "0.05"
+    # Two server workers, each with its own view of the same download that no longer moves.
+    handler.progress = ("0/800", "100/800", *["0/800", "100/800"] * 500)
+    client = episerve.Client(address, retries=episerve.Retries(attempts=3, deadline=0.5))
+    started = time.monotonic()
+    with pytest.raises(episerve.Unavailable, match="warming up"):
+        client.datasets()
+    assert 0.4 < time.monotonic() - started < 2.0
+    assert len(handler.seen) > 3  # a download's 503s use up no attempts
 
 
 def test_a_page_shrinks_to_the_limit_field_of_a_413() -> None:
