@@ -3,7 +3,8 @@
 A `RemotePath` is the object-store counterpart of a `pathlib.Path` below a configured root: the source formats
 walk, stat and read it exactly as they do a local directory (see `app.sources.files` for opening files). Reads go
 through pyarrow's S3 filesystem, with ranged GETs, so a parquet file is read footer first and then row group by row
-group, and a video by the byte ranges its decoder asks for: nothing is downloaded whole.
+group (a large one in ranges of its column chunks: `app.sources.parquet`), and a video by the byte ranges its
+decoder asks for: nothing is downloaded whole.
 
 Every question about which objects exist and what they are (size, modification time) is answered from one
 recursive listing of the root, renewed in the background once it is `EPISERVE_REMOTE_LIST_TTL` seconds old: requests

@@ -41,6 +41,10 @@ BUILD_READ_BATCHES = 4
 # and 100 MiB/s: ranges less than ~5 MB apart in one GET (the gap costs less than another request's wait), the
 # GETs side by side. The bytes between the ranges are fetched, not decoded; a read spans at most this many bytes.
 REMOTE_SPAN_BYTES = 64 * 1024 * 1024
+# A row group of an object larger than one such read (cold read or build) is never fetched whole: it is read in
+# pieces like a local file, each column chunk through a buffer of this size (its ranged GETs), decoded a batch at a
+# time. Larger than a local file's buffer: each GET waits for the store's first byte.
+REMOTE_BUFFER_BYTES = 4 * 1024 * 1024
 _READ_BUFFER_BYTES = 1 << 20  # what a cold read of a local file holds of each column chunk it reads
 _REMOTE_FORMAT = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(
@@ -143,9 +147,9 @@ class ParquetSource:
         with opened_parquet(path) as handle:
             check_version(path, etag, opened_etag(handle))
             if is_remote_path(self.root):
-                parquet = open_parquet_file(handle, pre_buffer=True)
-                batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
-                batches = _batches_by_row_group(parquet, batch_rows, BUILD_READ_BATCHES * batch_bytes)
+                metadata = open_parquet_file(handle).metadata
+                batch_rows = _rows_per_batch(metadata, batch_bytes)
+                batches = _batches_by_row_group(handle, metadata, batch_rows, BUILD_READ_BATCHES * batch_bytes)
             else:
                 parquet = open_parquet_file(handle, buffer_size=1 << 20, pre_buffer=False)
                 batch_rows = _rows_per_batch(parquet.metadata, batch_bytes)
@@ -168,10 +172,10 @@ class ParquetRowGroups:
         self.path = path
         self.etag = etag
         self.remote = is_remote_path(path)
+        # Reads of an object's small row groups, several at once (`read_plan`): their column chunks fetched together
+        # and decoded whole (pyarrow's dataset scan does not stream within a row group). Unused for a local file.
         self._fragment: ds.ParquetFileFragment | None = None
-        # A local file is read a batch at a time; a read of an object fetches its row groups' column chunks at once
-        # and decodes them whole (pyarrow's dataset scan does not stream within a row group).
-        self.streams = not self.remote
+        self._fetching: pq.ParquetFile | None = None
         with store_reads(path):
             if self.remote:  # the footer read once, for the geometry and every read after it
                 opened = parquet_input(path)
@@ -186,7 +190,12 @@ class ParquetRowGroups:
                 footer = readable_footer(metadata)
                 if footer is not None:  # a fragment reads through the file's own footer: a file, through this one
                     self._fragment = None
-                    self._file = pq.ParquetFile(opened, metadata=footer, pre_buffer=True)
+                    self._fetching = pq.ParquetFile(opened, metadata=footer, pre_buffer=True)
+                # A larger row group is streamed as a local file's are, each column chunk by ranged GETs of a buffer.
+                readable = metadata if footer is None else footer
+                self._file = pq.ParquetFile(
+                    opened, metadata=readable, pre_buffer=False, buffer_size=REMOTE_BUFFER_BYTES
+                )
             else:
                 # Without pre-buffering, and each column chunk read through a buffer: a pre-buffered reader keeps
                 # every column chunk it read (a whole row group's compressed bytes) until the file object goes,
@@ -195,7 +204,7 @@ class ParquetRowGroups:
                 metadata, schema = self._file.metadata, self._file.schema_arrow
         self._metadata, self._names = metadata, schema.names
         self._leaves = _leaf_columns(schema, metadata.num_columns)
-        self._leaf_sizes: dict[int, np.ndarray] = {}
+        self._leaf_sizes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
         self.offsets = np.concatenate(([0], np.cumsum([g.num_rows for g in groups]))).astype(np.int64)
         self.sizes = np.array([g.total_byte_size for g in groups])
@@ -208,7 +217,7 @@ class ParquetRowGroups:
         # A file lacking every wanted column still has rows: read its first column for their count.
         columns = [name for name in wanted.names if name in self._names] or self._names[:1]
         picked: list[pa.RecordBatch] = []
-        at, pool = 0, pa.default_memory_pool()
+        at, pool, streams = 0, pa.default_memory_pool(), self.streams(groups)
         with store_reads(self.path):
             for batch in self._batches(groups, columns, batch_rows):
                 lo, hi = np.searchsorted(positions, [at, at + batch.num_rows]).tolist()
@@ -216,7 +225,7 @@ class ParquetRowGroups:
                     picked.append(conform_batch(batch.take(pa.array(positions[lo:hi] - at)), wanted))
                 at += batch.num_rows
                 del batch
-                if self.streams:  # what the batch took goes back now (the allocator's pages are per thread)
+                if streams:  # what the batch took goes back now (the allocator's pages are per thread)
                     pool.release_unused()
                 if hi == len(positions):
                     break
@@ -224,27 +233,44 @@ class ParquetRowGroups:
                 check_version(self.path, self.etag)  # the ranged GETs read the version the index was built from
         return picked
 
+    def streams(self, groups: list[int]) -> bool:
+        """A local file's row groups, and an object's row group larger than a read of several (`read_plan` reads
+        it alone), are decoded batch by batch; an object's smaller row groups are fetched and decoded whole."""
+        return not self.remote or (len(groups) == 1 and int(self.sizes[groups[0]]) > REMOTE_READ_BYTES)
+
     def _batches(self, groups: list[int], columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
-        if self._fragment is not None:
+        streams = self.streams(groups)
+        if self._fragment is not None and not streams:
             fragment = self._fragment.subset(row_group_ids=groups)
             # Read ahead no further than the next batch: each batch held is memory of the read's.
             batches = fragment.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=1, use_threads=False)
             return iter(batches)
-        return self._file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns, use_threads=False)
+        parquet = self._fetching if self._fetching is not None and not streams else self._file
+        return parquet.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns, use_threads=False)
 
     def decoded_bytes(self, groups: list[int], columns: list[str]) -> int:
         if self._leaves is None:  # an unusual schema: every column of the groups
             return int(self.sizes[groups].sum())
-        leaves = [leaf for name in columns for leaf in self._leaves.get(name, ())]
-        return int(sum(self._leaf_bytes(number)[leaves].sum() for number in groups))
+        leaves = self._leaves_of(columns)
+        return int(sum(self._leaf_bytes(number)[0][leaves].sum() for number in groups))
 
-    def _leaf_bytes(self, number: int) -> np.ndarray:
-        """Uncompressed bytes of each leaf column of row group `number` (read from the footer once)."""
+    def _leaves_of(self, columns: list[str]) -> list[int] | slice:
+        """The leaf columns of `columns` (all of them when the schema's leaves are not known)."""
+        if self._leaves is None:
+            return slice(None)
+        return [leaf for name in columns for leaf in self._leaves.get(name, ())]
+
+    def _leaf_bytes(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+        """Uncompressed and compressed bytes of each leaf column of row group `number` (read from the footer
+        once)."""
         found = self._leaf_sizes.get(number)
         if found is None:
             group = self._metadata.row_group(number)
-            sizes = [group.column(leaf).total_uncompressed_size for leaf in range(group.num_columns)]
-            found = self._leaf_sizes[number] = np.array(sizes, dtype=np.int64)
+            chunks = [group.column(leaf) for leaf in range(group.num_columns)]
+            found = self._leaf_sizes[number] = (
+                np.array([chunk.total_uncompressed_size for chunk in chunks], dtype=np.int64),
+                np.array([chunk.total_compressed_size for chunk in chunks], dtype=np.int64),
+            )
         return found
 
     def read_plan(self, groups: np.ndarray) -> list[list[int]]:
@@ -262,10 +288,14 @@ class ParquetRowGroups:
             plan.append(read)
         return plan
 
-    def fetched_bytes(self, groups: list[int]) -> int:
-        """Bytes of the file a read of `groups` may fetch and hold: their span for an object (gaps included)."""
+    def fetched_bytes(self, groups: list[int], columns: list[str]) -> int:
+        """Bytes of the file a read of `groups` may fetch and hold: for an object's row groups fetched whole, their
+        span (gaps included); for one streamed, a buffer of each column chunk read, at most the chunk."""
         if not self.remote:
             return 0
+        if self.streams(groups):
+            chunks = self._leaf_bytes(groups[0])[1][self._leaves_of(columns)]
+            return int(np.minimum(chunks, REMOTE_BUFFER_BYTES).sum())
         return int(self.spans[groups[-1], 1] - self.spans[groups[0], 0])
 
 
@@ -346,19 +376,26 @@ def parquet_column_names(path: DatasetPath) -> list[str]:
         return pq.read_schema(handle).names
 
 
-def _batches_by_row_group(parquet: pq.ParquetFile, batch_rows: int, read_bytes: int) -> Iterator[pa.RecordBatch]:
-    """Every row of an object's parquet file in batches of `batch_rows`, read a few neighbouring row groups at a
-    time (up to `read_bytes` decoded): their column chunks arrive in a few coalesced ranged GETs and are let
-    go once decoded, so memory holds about that much and one batch (pre-buffering the whole file at once would
-    hold all of it), and a file of many small row groups (LeRobot writes one per episode) is not one request per
-    row group. The batches are cut exactly as a local file's `iter_batches` cuts them (across row groups), so a
-    segment built from the store is byte for byte the one built from a local copy."""
-    metadata = parquet.metadata
+def _batches_by_row_group(
+    handle: Any, metadata: pq.FileMetaData, batch_rows: int, read_bytes: int
+) -> Iterator[pa.RecordBatch]:
+    """Every row of an object's parquet file (`handle`, read through `metadata`) in batches of `batch_rows`, read a
+    few neighbouring row groups at a time (up to `read_bytes` decoded): their column chunks arrive in a few
+    coalesced ranged GETs (pre-buffered) and are let go once decoded, so memory holds about that much and one
+    batch (pre-buffering the whole file at once would hold all of it), and a file of many small row groups
+    (LeRobot writes one per episode) is not one request per row group. A row group larger than `read_bytes` is
+    not fetched whole (it would be held whole): it is streamed as a local file is, each column chunk through a
+    buffer of `REMOTE_BUFFER_BYTES`. The batches are cut exactly as a local file's `iter_batches` cuts them
+    (across row groups), so a segment built from the store is byte for byte the one built from a local copy."""
     sizes = np.array([metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)])
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    for groups in _runs_within(list(range(parquet.num_row_groups)), sizes, read_bytes):
-        for piece in parquet.iter_batches(batch_size=batch_rows, row_groups=groups, use_threads=False):
+    for groups in _runs_within(list(range(metadata.num_row_groups)), sizes, read_bytes):
+        whole = len(groups) > 1 or sizes[groups[0]] <= read_bytes
+        options = {"pre_buffer": True} if whole else {"pre_buffer": False, "buffer_size": REMOTE_BUFFER_BYTES}
+        # A reader per read: a pre-buffered one keeps what it fetched until it goes.
+        reader = pq.ParquetFile(handle, metadata=metadata, **options)
+        for piece in reader.iter_batches(batch_size=batch_rows, row_groups=groups, use_threads=False):
             pending.append(piece)
             pending_rows += piece.num_rows
             while pending_rows >= batch_rows:

@@ -188,15 +188,20 @@ class RowGroups(Protocol):
 
     offsets: np.ndarray  # first row of each row group, plus the file's row count at the end
     sizes: np.ndarray  # decoded bytes of each row group
-    streams: bool  # whether `take` decodes a row group batch by batch (else whole, all groups of a read at once)
+
+    def streams(self, groups: list[int]) -> bool:
+        """Whether `take` decodes row groups `groups` (one list of `read_plan`) batch by batch; else whole, all of
+        them at once (only ever a read of a bounded size: several small row groups of an object)."""
+        ...
 
     def take(
         self, groups: list[int], wanted: pa.Schema, positions: np.ndarray, batch_rows: int
     ) -> list[pa.RecordBatch]:
         """Rows at `positions` (ascending, duplicates allowed) of the rows of row groups `groups` (ascending) one
         after the other, as batches of `wanted` (columns the file lacks are nulls), decoded no further than the
-        last wanted row. With `streams`, `batch_rows` rows at a time, each batch let go (and its memory handed
-        back) once its wanted rows are copied out: a read holds one batch, whatever the size of a row group."""
+        last wanted row. When the read `streams`, `batch_rows` rows at a time, each batch let go (and its memory
+        handed back) once its wanted rows are copied out: a read holds one batch, whatever the size of a row
+        group."""
         ...
 
     def decoded_bytes(self, groups: list[int], columns: list[str]) -> int:
@@ -205,12 +210,13 @@ class RowGroups(Protocol):
 
     def read_plan(self, groups: np.ndarray) -> list[list[int]]:
         """`groups` (ascending) cut into the lists that `take` is given at once: one group each for a local file;
-        for an object, several up to a size, so that their ranges are fetched together instead of one request
-        after another."""
+        for an object, several small ones up to a size, so that their ranges are fetched together instead of one
+        request after another, and a larger one alone (streamed)."""
         ...
 
-    def fetched_bytes(self, groups: list[int]) -> int:
-        """Encoded bytes a read of `groups` (one list of `read_plan`) may fetch and hold besides what it decodes."""
+    def fetched_bytes(self, groups: list[int], columns: list[str]) -> int:
+        """Encoded bytes a read of `columns` of `groups` (one list of `read_plan`) of an object may fetch and hold
+        besides what it decodes: the ranges it fetches whole, or a streamed read's buffer per column chunk."""
         ...
 
 

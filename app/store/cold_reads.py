@@ -1,13 +1,16 @@
 """Rows read straight from a source file, for requests that reach a segment before it is built.
 
-Only the row groups holding the wanted rows are decoded (LeRobot writes one row group per episode), one at a time
-from local files and a few neighbours at a time from an object store (`RowGroups.read_plan`), each in batches of
-about `PIECE_BYTES` (a row group of any size is never decoded whole), so the first batch of a cold pick does not
-wait for whole files to be converted; the segment is built in the background meanwhile. Bounded twice: per
-request, the caller checks `row_group_bytes` against `EPISERVE_COLD_READ_BYTES` first; per worker,
-`ColdReadMemory` is the memory concurrent cold reads and segment builds may hold at once,
-`EPISERVE_COLD_READ_MEMORY`: each reserves its estimated peak (`ColdRows.read_memory`, `build_memory`) before it
-reads, more wait their turn, and the memory is handed back to the OS when the last one ends.
+Only the row groups holding the wanted rows are read (LeRobot writes one row group per episode), so the first batch
+of a cold pick does not wait for whole files to be converted; the segment is built in the background meanwhile. A
+read holds a bounded piece, whatever the size of a row group: a local file's row groups are decoded one at a time
+in batches of about `PIECE_BYTES`, and so is an object's row group larger than 16 MiB decoded
+(`app.sources.parquet.REMOTE_READ_BYTES`), its column chunks fetched by ranged GETs of a bounded buffer; an
+object's smaller row groups are read a few neighbours at a time, fetched together and decoded whole, at most 16 MiB
+at once (`RowGroups.read_plan`, `RowGroups.streams`). Bounded twice: per request, the caller checks
+`row_group_bytes` against `EPISERVE_COLD_READ_BYTES` first; per worker, `ColdReadMemory` is the memory concurrent
+cold reads and segment builds may hold at once, `EPISERVE_COLD_READ_MEMORY`: each reserves its estimated peak
+(`ColdRows.read_memory`, `build_memory`) before it reads, more wait their turn, and the memory is handed back to
+the OS when the last one ends.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class ColdRows:
         the wanted rows copied out, plus the largest read of the plan: its batch of decoded rows (`PIECE_BYTES`,
         or the read's whole row groups when the source decodes them whole) three times over, a buffered column
         chunk and a page per column, all twice (measured: Arrow counts half of what a read keeps resident), and
-        what it fetches besides (an object's bytes between the wanted row groups)."""
+        what it fetches besides (from an object: the ranges of row groups fetched whole, gaps included, or the
+        column chunks' buffers of a streamed row group)."""
         names = schema.names if columns is None else columns
         group_of = np.searchsorted(self.groups.offsets, rows, side="right") - 1
         kept, largest = 0, 0
@@ -60,17 +64,19 @@ class ColdRows:
             decoded, count = self.groups.decoded_bytes(groups, names), self._rows_in(groups)
             per_row = decoded / max(1, count)
             kept += int(np.isin(group_of, groups).sum() * per_row)
-            batch = decoded if not self.groups.streams else min(decoded, max(PIECE_BYTES, int(per_row) + 1))
+            streams = self.groups.streams(groups)
+            batch = min(decoded, max(PIECE_BYTES, int(per_row) + 1)) if streams else decoded
             held = _DECODE_FACTOR * batch + _COLUMN_READ_BYTES * len(names)
-            largest = max(largest, _ALLOCATOR_SLACK * held + self.groups.fetched_bytes(groups))
+            largest = max(largest, _ALLOCATOR_SLACK * held + self.groups.fetched_bytes(groups, names))
         return kept + largest
 
     def take(self, rows: np.ndarray, schema: pa.Schema, columns: list[str] | None) -> pa.Table:
         """`rows` (ascending stored positions, duplicates allowed) with the dataset's unified `schema`.
 
-        Row groups are read as the plan groups them, each in batches of about `PIECE_BYTES` decoded, and only the
-        wanted rows of each batch are kept: the peak memory is about one batch and the rows kept, whatever the
-        size of a row group and the number of groups touched."""
+        Row groups are read as the plan groups them, in batches of about `PIECE_BYTES` decoded (an object's small
+        row groups read together: decoded whole), and only the wanted rows of each batch are kept: the peak memory
+        is about one batch (or one such read) and the rows kept, whatever the size of a row group and the number
+        of groups touched."""
         wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
         offsets = self.groups.offsets
         group_of = np.searchsorted(offsets, rows, side="right") - 1

@@ -2,8 +2,9 @@
 
 Guarantees, kept by the code below:
 - Building streams record batches from the parquet file, so peak memory is about one batch, whatever the size
-  of the file; with a `memory` budget (the worker's cold-read memory, `app.store.read_memory`), a build reserves
-  that peak on it first, so builds and cold reads together stay within it.
+  of the file or of its row groups (from an object store too, see `app.sources.parquet`); with a `memory` budget
+  (the worker's cold-read memory, `app.store.read_memory`), a build reserves that peak on it first, so builds and
+  cold reads together stay within it.
 - Publishing is atomic: write `<name>.arrow.tmp` (fsync'd unless segments are checksummed on open), drop the old
   sidecar, rename into place, then write the sidecar (itself atomically, fsync'd). A segment is served only when
   its sidecar matches the file on disk (size, rows, schema) and the current source fingerprint; anything else is
@@ -34,6 +35,7 @@ from app import metrics
 from app.errors import DatasetError
 from app.sources import Source, SourceFingerprint
 from app.sources.files import is_remote_path, shown_path
+from app.sources.parquet import BUILD_READ_BATCHES, REMOTE_BUFFER_BYTES
 from app.sources.source import SourceReplaced
 from app.store.atomic_files import fsync_directory, write_atomically
 from app.store.build_backoff import BuildBackoff
@@ -53,11 +55,11 @@ log = logging.getLogger("episerve.cache")
 
 # A build's peak resident memory, estimated as a cold read's (`app.store.cold_reads`): its batch decoded about three
 # times over and a buffered column chunk and a page per column, twice (the allocator's free pages), and from an
-# object store the row groups it fetches at once.
+# object store what it fetches at once: the row groups of one read (`BUILD_READ_BATCHES` batches' worth), or the
+# column chunks' buffers of a larger row group streamed.
 _BUILD_DECODE_FACTOR = 3
 _BUILD_COLUMN_BYTES = 2 * 1024 * 1024
 _ALLOCATOR_SLACK = 2
-_REMOTE_BUILD_BATCHES = 4  # `app.sources.parquet.BUILD_READ_BATCHES`: batches' worth of row groups fetched at once
 
 
 class SourceChanged(Exception):
@@ -367,7 +369,9 @@ class SegmentStore:
         if self.memory is None:
             return contextlib.nullcontext()
         held = _BUILD_DECODE_FACTOR * self.batch_bytes + _BUILD_COLUMN_BYTES * len(schema)
-        fetched = _REMOTE_BUILD_BATCHES * self.batch_bytes if is_remote_path(self._source_files().root) else 0
+        fetched = 0
+        if is_remote_path(self._source_files().root):
+            fetched = max(BUILD_READ_BATCHES * self.batch_bytes, REMOTE_BUFFER_BYTES * len(schema))
         return self.memory.reserve(_ALLOCATOR_SLACK * held + fetched)
 
     def _source_files(self) -> Source:
