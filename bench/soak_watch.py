@@ -89,12 +89,9 @@ class WorkerWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def workers(self) -> set[int]:
-        found = set()
-        for child in children(self.pid):
-            with contextlib.suppress(OSError):
-                if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
-                    found.add(child)
-        return found
+        """The children of the server's fork server (the server's other child is multiprocessing's resource
+        tracker, which has none)."""
+        return {worker for child in children(self.pid) for worker in children(child)}
 
     def start(self) -> WorkerWatch:
         self.seen |= self.workers()

@@ -93,14 +93,21 @@ class ServerProcess:
         self.process = None
 
     def pids(self) -> list[int]:
-        """The server's process and its workers."""
+        """The server's process and its descendants: the fork server its workers are forked from, the workers,
+        multiprocessing's resource tracker."""
         if self.process is None:
             return []
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        found = [self.process.pid]
-        with contextlib.suppress(OSError):
-            found += [int(p) for p in children.read_text().split()]
-        return found
+        return [self.process.pid, *_descendants(self.process.pid)]
+
+    def worker_pids(self) -> set[int]:
+        """The server's worker processes: the children of its fork server that hold the listening socket (the fork
+        server itself holds it only for a moment, while it forks a worker)."""
+        if self.process is None:
+            return set()
+        listening = f"socket:[{_listening_inode(self.port)}]"
+        children = _children(self.process.pid)
+        forked = [pid for child in children for pid in _children(child)]
+        return {pid for pid in forked if listening in _open_files(pid)}
 
     def __enter__(self) -> ServerProcess:
         return self.start()
@@ -243,3 +250,33 @@ def killed_mid_frame_build(build: Callable[[str], object], caches: Path, partial
         if list(cache.rglob("frames/*.arrow.tmp")) and not list(cache.rglob("frames/*.json")):
             return cache
     raise AssertionError(f"could not kill the builder mid-build in {attempts} attempts")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # gone meanwhile
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    return [pid for child in _children(pid) for pid in (child, *_descendants(child))]
+
+
+def _open_files(pid: int) -> set[str]:
+    """What the file descriptors of process `pid` point to (`socket:[inode]` for a socket)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):  # closed meanwhile
+                found.add(os.readlink(fd))
+    return found
+
+
+def _listening_inode(port: int) -> int:
+    """The inode of the socket listening on 127.0.0.1:`port` (from /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":  # local address, state LISTEN
+            return int(fields[9])
+    raise LookupError(f"nothing listens on 127.0.0.1:{port}")

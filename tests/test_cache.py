@@ -118,6 +118,34 @@ def test_damaged_segment_is_rebuilt_never_served(tmp_path: Path, damage: str) ->
     assert fresh.segments.builds == 1
 
 
+def _read_again_after_a_rebuild_elsewhere(root: str, cache: str) -> tuple[pa.Table, int, int]:
+    """Map every segment, truncate one in place, let another process's maps (another catalog) notice and rebuild
+    it, then read everything again: the rows, and the builds of each catalog."""
+    mine = make_catalog(Path(root), Path(cache)).get("demo")
+    read_slice(mine, None, 0, None, None, 10**9)
+    segment = cache_files(Path(cache), "segments/*.arrow")[0]
+    os.truncate(segment, segment.stat().st_size // 3)  # in place: the map of `mine` now reaches past the end
+    other = make_catalog(Path(root), Path(cache)).get("demo")
+    read_slice(other, None, 0, None, None, 10**9)  # a rebuild: another file at the path
+    selected = read_slice(mine, None, 0, None, None, 10**9)
+    return pa.Table.from_batches(selected.batches, selected.schema), mine.segments.builds, other.segments.builds
+
+
+def test_a_map_truncated_and_then_rebuilt_by_another_process_is_never_read(tmp_path: Path) -> None:
+    """The rebuilt file at the path says nothing of the truncated one still mapped: the map is let go and the new
+    file mapped. Run in a child process: reading the truncated map would kill it with SIGBUS."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=12, files=2, cameras={})
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        job = pool.submit(_read_again_after_a_rebuild_elsewhere, str(root), str(tmp_path / "cache"))
+        table, mine, other = job.result()
+    assert_tables_equal(table, oracle(root / "demo", None))
+    assert (mine, other) == (2, 1)  # its first read built both; then it mapped the other's rebuild
+
+
 def test_concurrent_processes_build_each_segment_once(tmp_path: Path) -> None:
     root = tmp_path / "root"
     write_demo_dataset(root / "demo", episodes=40, files=3)

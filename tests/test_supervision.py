@@ -17,33 +17,23 @@ import numpy as np
 import pyarrow as pa
 
 from app.demo import write_demo_dataset
-from tests.support import ServerProcess, oracle
+from tests.support import ServerProcess, eventually, oracle
 
 episerve = __import__("pytest").importorskip("episerve")
 
 DEATH = re.compile(r"worker (\d+) (killed by \w+[^;]*|exited with status \d+|stopped answering[^;]*); starting another")
 
 
-def _workers(server: ServerProcess) -> set[int]:
-    """The server's worker processes (not multiprocessing's resource tracker)."""
-    found = set()
-    for pid in server.pids()[1:]:
-        with contextlib.suppress(OSError):
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.add(pid)
-    return found
-
-
 def _watch_workers(server: ServerProcess, seen: set[int], stop: threading.Event) -> None:
     while not stop.is_set():
-        seen |= _workers(server)
+        seen |= server.worker_pids()
         time.sleep(0.02)
 
 
 def _wait_for_worker(server: ServerProcess, other_than: set[int]) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        fresh = _workers(server) - other_than
+        fresh = server.worker_pids() - other_than
         if fresh:
             return fresh.pop()
         time.sleep(0.05)
@@ -55,17 +45,47 @@ def test_a_worker_killed_by_sigbus_is_logged_with_its_cause_and_replaced_even_wi
     write_demo_dataset(root / "demo", episodes=6, cameras={})
     expected = oracle(root / "demo", None)
     with ServerProcess([root], tmp_path / "cache", workers=1) as server:
-        (first,) = _workers(server)
+        (first,) = server.worker_pids()
         os.kill(first, signal.SIGBUS)  # what a read of a mapped page past a truncated file's end gets
         second = _wait_for_worker(server, {first})
         with episerve.Client(server.url) as client:
             table = client.rows("demo")
         assert _wrong_rows(table, expected) == 0
         assert server.process is not None and server.process.poll() is None  # the server itself lives on
-        assert _workers(server) == {second}
+        assert server.worker_pids() == {second}
     log = server.log_path.read_text()
     assert f"worker {first} killed by SIGBUS (a mapped cache file was truncated?); starting another" in log
     assert "Fatal Python error: Bus error" in log  # faulthandler's traceback of the dying worker
+
+
+def test_a_take_right_after_the_only_worker_dies_is_answered_within_2_s_and_sigterm_stops_all(tmp_path: Path) -> None:
+    """The replacement, forked from the fork server, serves at once: a take sent right after the only worker is
+    killed is answered with the right rows within 2 s of the kill, and the dead worker's gauges have left
+    `/metrics`. SIGTERM then stops every process of the server."""
+    root = tmp_path / "root"
+    write_demo_dataset(root / "demo", episodes=6, cameras={})
+    expected = oracle(root / "demo", None)
+    indices = [expected.num_rows - 1, 0, 7]
+    with ServerProcess([root], tmp_path / "cache", workers=1) as server:
+        with episerve.Client(server.url) as client:
+            client.take("demo", indices)  # every segment it needs built and mapped
+            mapped = _open_segments(server)
+            (first,) = server.worker_pids()
+            killed = time.monotonic()
+            os.kill(first, signal.SIGBUS)
+            table = client.take("demo", indices)
+            answered = time.monotonic() - killed
+        print(f"\nanswered {answered:.2f} s after the only worker's death")
+        assert _wrong_rows(table, expected.take(pa.array(indices))) == 0
+        assert answered < 2.0
+        (second,) = server.worker_pids()
+        assert second != first
+        assert _open_segments(server) == mapped > 0  # the new worker's maps only: the dead one's left the sum
+        assert server.process is not None
+        processes = server.pids()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=30) == 0
+        eventually(lambda: not [pid for pid in processes if _running(pid)], seconds=10)
 
 
 def test_a_worker_slower_than_its_health_check_timeout_is_replaced_and_one_within_it_is_not(tmp_path: Path) -> None:
@@ -75,12 +95,12 @@ def test_a_worker_slower_than_its_health_check_timeout_is_replaced_and_one_withi
     write_demo_dataset(root / "demo", episodes=2, cameras={})
     env = {"EPISERVE_WORKER_HEALTHCHECK_TIMEOUT_S": "3"}
     with ServerProcess([root], tmp_path / "cache", workers=1, env=env) as server:
-        (first,) = _workers(server)
+        (first,) = server.worker_pids()
         os.kill(first, signal.SIGSTOP)
         time.sleep(1.5)  # within the timeout
         os.kill(first, signal.SIGCONT)
         time.sleep(4)
-        assert _workers(server) == {first}
+        assert server.worker_pids() == {first}
         os.kill(first, signal.SIGSTOP)  # now for longer
         second = _wait_for_worker(server, {first})
         with episerve.Client(server.url) as client:
@@ -126,6 +146,29 @@ def test_ten_truncations_of_mapped_segments_under_load_no_wrong_row_no_silent_de
                     totals["rows"] += got.num_rows
                     totals["wrong_rows"] += wrong
 
+    waits: list[float] = []  # end to end, retries included, of each of the probe's takes
+
+    def probe(url: str) -> None:
+        """A tiny take every 50 ms: how long the service keeps anyone waiting."""
+        rng = random.Random(99)
+        with episerve.Client(url, retries=episerve.Retries(attempts=30, deadline=120.0)) as client:
+            while not stop.is_set():
+                indices = rng.sample(range(expected.num_rows), 4)
+                started = time.monotonic()
+                try:
+                    got = client.take("demo", indices)
+                except episerve.EpiserveError as exc:  # the retries gave up: the service was not answering
+                    waits.append(time.monotonic() - started)
+                    with lock:
+                        totals["failed"] += 1
+                        errors.append(repr(exc))
+                    continue
+                waits.append(time.monotonic() - started)
+                wrong = _wrong_rows(got, expected.take(pa.array(indices)))
+                with lock:
+                    totals["wrong_rows"] += wrong
+                time.sleep(0.05)
+
     with ServerProcess([root], cache, workers=1) as server:
         with episerve.Client(server.url) as client:
             assert client.rows("demo").num_rows == expected.num_rows  # every segment built and mapped
@@ -133,6 +176,7 @@ def test_ten_truncations_of_mapped_segments_under_load_no_wrong_row_no_silent_de
         watcher = threading.Thread(target=_watch_workers, args=(server, seen, stop))
         watcher.start()
         threads = [threading.Thread(target=trainer, args=(seed, server.url)) for seed in range(4)]
+        threads.append(threading.Thread(target=probe, args=(server.url,)))
         for thread in threads:
             thread.start()
         truncated = 0
@@ -155,19 +199,36 @@ def test_ten_truncations_of_mapped_segments_under_load_no_wrong_row_no_silent_de
         alive = server.process is not None and server.process.poll() is None
         with episerve.Client(server.url) as client:
             final = client.rows("demo")
-        seen |= _workers(server)  # the worker that answered last may have started after the watcher stopped
+        seen |= server.worker_pids()  # the worker that answered last may have started after the watcher stopped
     log = server.log_path.read_text()
     deaths = DEATH.findall(log)
     print(f"\ntruncations {truncated}, worker deaths logged {len(deaths)} {sorted({d[1] for d in deaths})}, {totals}")
+    print(f"probe: {len(waits)} takes, longest wait {max(waits):.2f} s")
     assert alive, log[-3000:]
     assert truncated >= 8
     assert totals["wrong_rows"] == 0, totals
     assert totals["failed"] == 0, errors[:3]
     assert totals["requests"] > 100, totals
+    assert len(waits) > 50 and max(waits) < 2.0, sorted(waits)[-5:]  # the service answered throughout
     assert _wrong_rows(final, expected) == 0
     # Every worker that went away was logged with its cause: as many deaths as workers replaced.
     assert len(deaths) == len(seen) - 1, (deaths, seen)
     assert {int(pid) for pid, _ in deaths} <= seen
+
+
+def _open_segments(server: ServerProcess) -> float:
+    """`episerve_open_segments`, summed over the workers."""
+    with server.client() as http:
+        metrics = http.get("/metrics").text
+    return float(re.search(r"^episerve_open_segments (\S+)$", metrics, re.MULTILINE)[1])
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"  # not a zombie
+    except OSError:
+        return False
 
 
 def _wrong_rows(got: pa.Table, want: pa.Table) -> int:

@@ -2,7 +2,8 @@
 process keeps mapped, so huge datasets cannot exhaust file descriptors or `vm.max_map_count`.
 
 A mapped file truncated since (by another process, or a full disk) would raise SIGBUS when a page past its new end
-is read, which kills the worker: every request re-checks the segments it is about to read (`Segment.intact`).
+is read, which kills the worker: every request re-checks the segments it is about to read
+(`Segment.changed_on_disk`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Segment:
     batches: list[pa.RecordBatch]
     batch_offsets: np.ndarray  # row offset of each batch, plus the total at the end
     nbytes: int
-    path: Path | None = None  # the mapped file, re-checked by `intact`
+    path: Path | None = None  # the mapped file, re-checked by `changed_on_disk`
     inode: int | None = None
     mtime_ns: int | None = None  # with `inode` and `nbytes`, tells this file from a later rebuild at the same path
     _projections: dict[tuple[str, ...], list[pa.RecordBatch]] = field(default_factory=dict, repr=False)
@@ -63,19 +64,24 @@ class Segment:
     def num_rows(self) -> int:
         return int(self.batch_offsets[-1])
 
-    def intact(self) -> bool:
-        """False if the mapped file was truncated since it was mapped (one `stat`, about a microsecond).
+    def changed_on_disk(self) -> str | None:
+        """None while the mapped file may still be read; else how it changed: "truncated" in place, or "replaced"
+        at its path by another file (one `stat`, about a microsecond).
 
         Reading a mapped page past the end of a truncated file raises SIGBUS, which kills the worker, so every
-        request re-checks the segments it is about to read. A file replaced by a rebuild (another inode) is
-        fine: this map still holds the old, complete file."""
+        request re-checks the segments it is about to read. Another file at the path (a rebuild in another
+        process) says nothing of the one mapped here, which may have been truncated before it was rebuilt (a worker
+        died reading it, and its replacement rebuilt it): that map is let go too. An unlinked file (evicted) is
+        still read whole."""
         if self.path is None:
-            return True
+            return None
         try:
             stat = os.stat(self._path_text)
         except OSError:
-            return True  # unlinked: the mapped inode lives on, untouched
-        return stat.st_ino != self.inode or stat.st_size >= self.nbytes
+            return None  # unlinked: the mapped inode lives on, untouched
+        if stat.st_ino != self.inode:
+            return "replaced"
+        return "truncated" if stat.st_size < self.nbytes else None
 
     def at_path(self) -> bool:
         """Whether the file at `path` is still the one mapped here (not unlinked by an eviction, nor replaced by a

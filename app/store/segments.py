@@ -163,10 +163,13 @@ class SegmentStore:
         return segment
 
     def _mapped(self, key: str, source: SourceFingerprint) -> Segment | None:
-        """The segment from the LRU of open memory maps; a truncated one is dropped (and so rebuilt)."""
+        """The segment from the LRU of open memory maps; one whose file was truncated or replaced since is let go
+        before anything reads it (the file at its path is then mapped, or rebuilt if it is truncated)."""
         segment = self.lru.get(key, source)
-        if segment is not None and not segment.intact():
-            log.warning("segment %s was truncated on disk; rebuilding it", Path(key).name)
+        change = None if segment is None else segment.changed_on_disk()
+        if change is not None:
+            level = logging.WARNING if change == "truncated" else logging.INFO
+            log.log(level, "segment %s was %s on disk since it was mapped; reopening it", Path(key).name, change)
             self.lru.discard(key)
             return None
         return segment
