@@ -1,6 +1,7 @@
 """Memory for answers is bounded by `EPISERVE_MAX_INFLIGHT_BYTES`, not by how clients read: large takes are read
-and sent piece by piece, connections that ask for them and read nothing hold one piece each, and the other
-clients get their rows meanwhile. Also: the budget itself, and large (chunked, compressed) answers intact."""
+and sent piece by piece, connections that ask for them and read nothing hold one piece each (one send, when the
+piece's camera frames go to the socket from the maps), and the other clients get their rows meanwhile, as fast as
+alone. Also: the budget itself, and large (chunked, compressed) answers intact."""
 
 from __future__ import annotations
 
@@ -10,25 +11,43 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.api.arrow_response import SEND_BYTES
+from app.api.arrow_response import FIRST_HOLD_BYTES, SEND_BYTES
 from app.api.inflight import InflightBudget
+from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA
 from app.reads.pieces import PIECE_BYTES
-from tests.support import ServerProcess, assert_tables_equal, read_stream, rss_anon_with_children
+from tests.support import (
+    ServerProcess,
+    assert_tables_equal,
+    eventually,
+    oracle,
+    read_stream,
+    rss_anon_with_children,
+)
 from tests.test_operations import metric
+from tests.video_oracle import read_label
 
 ROWS = 480
 BLOB_BYTES = 256 * 1024  # 120 MiB in all: every stalled take asks for all of it
 BUDGET = 96 * 1024 * 1024
 STALLED = 12
 TAKE = "/datasets/blobs/rows/take"
+
+CAMERA_FRAME = (128, 192)  # 72 KiB a frame: sent from the decoded-frame segment's map, as 480x640 frames are
+STALLED_ROWS = 560  # 39 MiB of frames a stalled take: 8 of them ask for 3x the budget, 48 for 20x
+RSS_ALLOWANCE = 16 * 1024 * 1024  # the allocator's slack and the normal readers' requests in progress
+STALLED_WHILE_S = 1.5
+CAMERA_TAKE, ACTION_TAKE = "/datasets/cams/rows/take", "/datasets/actions/rows/take"
+ACTION_ROWS = [3, 1]
 
 
 def _blob(row: int) -> bytes:
@@ -37,27 +56,37 @@ def _blob(row: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server with a small budget over three datasets, every segment built and mapped (the reads below only
+    read and send): `blobs`, `cams` (decoded-frame segments too: takes of its frames are answered on the event
+    loop, the frames sent from the maps) and `actions`, without cameras."""
     root = tmp_path_factory.mktemp("inflight-root")
     (root / "blobs").mkdir()
     table = pa.table(
         {"episode_index": np.arange(ROWS) // 48, "index": np.arange(ROWS), "blob": [_blob(r) for r in range(ROWS)]}
     )
     pq.write_table(table, root / "blobs" / "part-0.parquet", row_group_size=60)
+    write_demo_dataset(root / "cams", episodes=8, seed=21, cameras={TOP_CAMERA: CAMERA_FRAME}, video_files=2)
+    write_demo_dataset(root / "actions", episodes=4, seed=2, cameras=None)
     env = {"EPISERVE_MAX_INFLIGHT_BYTES": str(BUDGET), "EPISERVE_SEND_TIMEOUT_S": "120"}
     with ServerProcess([root], tmp_path_factory.mktemp("inflight-cache"), env=env) as running:
-        with running.client() as http:  # builds and maps the segment: the reads below only read and send
+        with running.client() as http:
             assert http.get("/datasets/blobs/rows", params={"stop": 1}).status_code == 200
             assert http.post(TAKE, json={"indices": [0]}).status_code == 200
+            frames = {"indices": list(range(STALLED_ROWS)), "columns": ["index", TOP_CAMERA]}
+            assert http.post(CAMERA_TAKE, json=frames).status_code == 200  # decoded; segments built meanwhile
+            eventually(lambda: http.get("/datasets/cams/cache").json()["frame_segments"]["built"] == 2, 60)
+            assert http.post(CAMERA_TAKE, json=frames).status_code == 200  # maps them
+            assert http.post(ACTION_TAKE, json={"indices": ACTION_ROWS}).status_code == 200
         yield running
 
 
-def _stalled_take(server: ServerProcess) -> socket.socket:
-    """A connection that asks for every row and then reads nothing (after the head)."""
+def _stalled_take(server: ServerProcess, take: str = TAKE, request: dict[str, Any] | None = None) -> socket.socket:
+    """A connection that asks for a take (by default of every row) and then reads nothing (after the head)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.port))
-    body = orjson.dumps({"indices": list(range(ROWS))})
-    head = f"POST {TAKE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    body = orjson.dumps(request or {"indices": list(range(ROWS))})
+    head = f"POST {take} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     sock.sendall(head.encode() + body)
     return sock
 
@@ -241,3 +270,150 @@ def test_reading_ahead_takes_only_the_spare_half_of_the_budget() -> None:
         return grown
 
     assert asyncio.run(scenario()) == [True, False, False]
+
+
+# -- stalled camera takes beside normal readers ---------------------------------------------------------------------
+
+
+class NormalReaders:
+    """Three readers, in threads, for as long as the block lasts: two of 8-row camera takes (each frame's drawn
+    label checked) and one of a 2-row take of another dataset's actions (checked against its parquet). Every
+    answer is recorded with the time it arrived, so a while's rows and slowest 2-row take can be told apart."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.actions = oracle(server.roots[0] / "actions", None).column("action").to_pylist()
+        self.answers: list[tuple[float, int, float | None]] = []  # arrived at, rows, seconds of a 2-row take
+        self.wrong: list[object] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._camera_reader, args=(seed,)) for seed in range(2)]
+        self._threads.append(threading.Thread(target=self._action_reader))
+
+    def __enter__(self) -> NormalReaders:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def rows_per_s(self, whiles: list[tuple[float, float]]) -> float:
+        rows = sum(n for at, n, _ in self.answers for start, end in whiles if start <= at < end)
+        return rows / sum(end - start for start, end in whiles)
+
+    def slowest_action_s(self, whiles: list[tuple[float, float]]) -> float:
+        took = [s for at, _, s in self.answers if s is not None for start, end in whiles if start <= at < end]
+        return max(took)
+
+    def _camera_reader(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with self.server.client() as http:
+            while not self._stop.is_set():
+                picks = rng.integers(0, STALLED_ROWS, 8).tolist()
+                body = {"indices": picks, "columns": ["index", "episode_index", "frame_index", TOP_CAMERA]}
+                got = read_stream(http.post(CAMERA_TAKE, json=body).content)
+                frames = got.column(TOP_CAMERA).combine_chunks().to_numpy_ndarray()
+                labels = [read_label(frame) for frame in frames]
+                located = list(zip(got["episode_index"].to_pylist(), got["frame_index"].to_pylist(), strict=True))
+                if got.column("index").to_pylist() != picks or labels != located:
+                    self.wrong.append(picks)
+                self.answers.append((time.monotonic(), len(picks), None))
+
+    def _action_reader(self) -> None:
+        with self.server.client() as http:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                got = read_stream(http.post(ACTION_TAKE, json={"indices": ACTION_ROWS, "columns": ["action"]}).content)
+                if got.column("action").to_pylist() != [self.actions[row] for row in ACTION_ROWS]:
+                    self.wrong.append(ACTION_ROWS)
+                self.answers.append((time.monotonic(), len(ACTION_ROWS), time.monotonic() - started))
+
+
+def test_stalled_camera_takes_hold_one_send_each_and_leave_other_readers_their_speed(
+    server: ServerProcess,
+) -> None:
+    """The issue's scenario: connections that ask for 560 camera frames each and read nothing, beside three
+    normal readers. Frames sent from the maps are no memory of the answer's: a stalled take holds one send on the
+    budget, not its whole answer, so the others neither wait nor slow down; what the stalled hold is freed as soon
+    as they close. The readers read all along; whiles alone and beside 8 or 48 stalled takes alternate, so that
+    the load of a shared machine, which drifts, weighs on both alike."""
+    pid = server.process.pid if server.process else 0
+    stalled_take = {"indices": list(range(STALLED_ROWS)), "columns": ["index", TOP_CAMERA]}
+    whiles: dict[int, list[tuple[float, float]]] = {0: [], 8: [], 48: []}
+    growth = dict.fromkeys((8, 48), 0)
+    with server.client() as http:
+        with NormalReaders(server) as readers:
+            for count in (0, 8, 0, 48, 0, 8, 0, 48, 0):
+                baseline = rss_anon_with_children(pid)
+                stalled = [_stalled_take(server, CAMERA_TAKE, stalled_take) for _ in range(count)]
+                try:
+                    eventually(lambda stalled=stalled: all(map(_answered, stalled)), 30)
+                    bound = count * (SEND_BYTES + 64 * 1024) + 3 * FIRST_HOLD_BYTES  # one send each; the readers'
+                    held = _settled_held(http, bound)
+                    assert held <= bound, f"{held / 2**20:.1f} MiB held beside {count} stalled takes"
+                    started, peak = time.monotonic(), baseline
+                    while time.monotonic() - started < STALLED_WHILE_S:
+                        peak = max(peak, rss_anon_with_children(pid))
+                        time.sleep(0.05)
+                    whiles[count].append((started, time.monotonic()))
+                finally:
+                    for sock in stalled:
+                        sock.close()
+                eventually(lambda: _held(http) <= 3 * FIRST_HOLD_BYTES, 10)  # the readers' own, at most
+                if count:
+                    growth[count] = max(growth[count], peak - baseline)
+        eventually(lambda: _held(http) == 0, 10)  # the readers' own too, once they stop
+    alone = readers.rows_per_s(whiles[0])
+    figures = {n: (readers.rows_per_s(whiles[n]), readers.slowest_action_s(whiles[n])) for n in whiles}
+    print(
+        "normal readers' rows/s (slowest 2-row take), RssAnon growth: "
+        + ", ".join(
+            f"{n} stalled {r:.0f} ({s:.2f} s) {growth.get(n, 0) / 2**20:.0f} MiB" for n, (r, s) in figures.items()
+        )
+    )
+    assert not readers.wrong
+    for count in (8, 48):
+        rate, slowest = figures[count]
+        assert rate >= 0.8 * alone, f"{count} stalled: {rate:.0f} rows/s, alone {alone:.0f}"
+        assert slowest < 3.0, f"{count} stalled: a 2-row take waited {slowest:.2f} s"
+        assert growth[count] < BUDGET + RSS_ALLOWANCE, f"RssAnon grew by {growth[count] / 2**20:.0f} MiB"
+
+
+def test_a_stalled_compressed_camera_take_holds_pieces_not_its_answer(server: ServerProcess) -> None:
+    """Compressing would fill every frame left to be sent from the maps at the first batch: a compressed take of
+    frames gathers them as it reads, in pieces, so a reader that stops holds two pieces of its 39 MiB, and
+    another client's take is answered meanwhile."""
+    request = {"indices": list(range(STALLED_ROWS)), "columns": ["index", TOP_CAMERA], "compression": "lz4"}
+    sock = _stalled_take(server, CAMERA_TAKE, request)
+    try:
+        eventually(lambda: _answered(sock), 30)
+        with server.client() as http:
+            held = _settled_held(http, SEND_BYTES + 3 * PIECE_BYTES)
+            assert held <= SEND_BYTES + 3 * PIECE_BYTES, f"{held / 2**20:.1f} MiB held"
+            answer = http.post(ACTION_TAKE, json={"indices": ACTION_ROWS, "columns": ["index"]}, timeout=10)
+            assert read_stream(answer.content).column("index").to_pylist() == ACTION_ROWS
+    finally:
+        sock.close()
+
+
+def _held(http: httpx.Client) -> float:
+    return metric(http.get("/metrics").text, "episerve_inflight_bytes")
+
+
+def _settled_held(http: httpx.Client, bound: float, seconds: float = 10.0) -> float:
+    """The bytes held, once at most `bound` (a piece read ahead is held as guessed until it is read), or after
+    `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (held := _held(http)) > bound and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return held
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Whether the head of a 200 response has arrived (peeked at: the connection still reads nothing)."""
+    try:
+        return sock.recv(12, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"HTTP/1.1 200"
+    except BlockingIOError:
+        return False

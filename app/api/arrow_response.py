@@ -49,7 +49,8 @@ def arrow_response(answer: Answer, hold: Hold | None = None) -> Response:
     """The answer as an Arrow IPC stream response: small bodies encoded at once (tiny ones into one buffer),
     large ones batch by batch as they are sent, answers read in pieces piece by piece (those, and compressed ones,
     without a known length: chunked). Rows the answer left pending are sent from where they lie, uncompressed.
-    `hold`: the answer's bytes on the in-flight budget, set here to what it holds and released once it is sent."""
+    `hold`: the answer's bytes on the in-flight budget, set here to the memory it holds (never the camera frames it
+    sends from the maps) and released once it is sent."""
     schema, batches, codec, pending = answer.schema, answer.batches, answer.codec, answer.pending
     headers = {**answer.headers, "X-Row-Count": str(answer.row_count)}
     if codec is not None:
@@ -60,12 +61,24 @@ def arrow_response(answer: Answer, hold: Hold | None = None) -> Response:
         chunks: list[Chunk] = [memoryview(encode_whole(schema, batches, codec, pending))]
         return ArrowChunksResponse(chunks, headers, _held(hold, chunks[0].nbytes))
     size = stream_size(schema, batches)
+    owned = _owned_bytes(answer, size)
     if size <= _SINGLE_PIECE_BYTES:
         chunks = [chunk for chunks in encode_stream(schema, batches, codec, pending) for chunk in chunks]
-        return ArrowChunksResponse(chunks, headers, _held(hold, size if answer.owned else 0))
+        return ArrowChunksResponse(chunks, headers, _held(hold, owned))
     if codec is not None:
         return ArrowPiecesResponse(Piece(schema, batches, pending), None, headers, codec, hold)
-    return ArrowStreamResponse(Piece(schema, batches, pending), headers, size, _held(hold, size if answer.owned else 0))
+    return ArrowStreamResponse(Piece(schema, batches, pending), headers, size, _held(hold, owned))
+
+
+def _owned_bytes(answer: Answer, size: int) -> int:
+    """Memory of its own an answer whose stream is `size` bytes holds until it is sent: none when its batches are
+    views of the maps, else its stream less the frames it leaves pending when sent uncompressed (they go to the
+    socket from the maps: a take of camera frames from decoded-frame segments holds its stored columns alone)."""
+    if not answer.owned:
+        return 0
+    if answer.pending is None or answer.codec is not None:
+        return size
+    return size - answer.pending.nbytes
 
 
 def _held(hold: Hold | None, owned: int) -> Hold | None:
@@ -160,7 +173,7 @@ class ArrowPiecesResponse(_HeldResponse):
         super().__init__(headers=headers)
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.first, self.rest, self.codec = first, rest, codec
-        self.hold = _held(hold, first.nbytes)
+        self.hold = _held(hold, first.held_bytes(codec))
 
     async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnect(receive))
@@ -186,7 +199,7 @@ class ArrowPiecesResponse(_HeldResponse):
                 finally:
                     ahead = None
                 if piece is not None and self.hold is not None:
-                    self.hold.set(SEND_BYTES + piece.nbytes)  # the piece sent is gone; the one read ahead is held
+                    self.hold.set(SEND_BYTES + piece.held_bytes(self.codec))  # the piece sent is gone
             await _sent(encoder.end(), send, gone)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -201,9 +214,19 @@ class ArrowPiecesResponse(_HeldResponse):
         if rest is None or not rest.remaining or not rest.read_ahead:
             return None
         expected = int(rest.next_rows() * rest.row_bytes)
-        if self.hold is not None and not self.hold.try_grow_into_spare(SEND_BYTES + current.nbytes + expected):
+        held = SEND_BYTES + current.held_bytes(self.codec) + expected
+        if self.hold is not None and not self.hold.try_grow_into_spare(held):
             return None
-        return asyncio.ensure_future(_in_pool(scope, rest.next_piece))
+        return asyncio.ensure_future(self._read_next(scope, rest, current))
+
+    async def _read_next(self, scope: Scope, rest: RowPieces, current: Piece) -> Piece:
+        """The next piece, read in the pool; then the hold counts what it holds instead of the guess it was read
+        under (which counts frames left to be sent from the maps: those hold nothing), even while the reader
+        stops with `current` half sent."""
+        piece = await _in_pool(scope, rest.next_piece)
+        if self.hold is not None:
+            self.hold.settle(SEND_BYTES + current.held_bytes(self.codec) + piece.held_bytes(self.codec))
+        return piece
 
     async def _next_piece(self, scope: Scope) -> Piece | None:
         """The next piece of the answer (None after the last), read once the budget has room for it."""
@@ -250,8 +273,7 @@ def arrow_streams_response(answers: Sequence[Answer], headers: dict[str, str], h
         start = len(chunks)
         for encoded in encode_stream(answer.schema, answer.batches, None, answer.pending):
             chunks.extend(encoded)
-        if answer.owned:
-            owned += sum(len(chunk) for chunk in chunks[start:])
+        owned += _owned_bytes(answer, sum(len(chunk) for chunk in chunks[start:]))
     return ArrowChunksResponse(chunks, headers, _held(hold, owned))
 
 

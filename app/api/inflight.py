@@ -6,6 +6,10 @@ A read that finds the budget spent waits (first come, first served) until answer
 client that stops reading holds at most its piece (and the next, read ahead while the budget was at most half
 spent) until the send timeout cuts it off. A single hold larger than
 the whole budget is granted once nothing else is held, so no answer waits forever.
+
+A hold counts memory the answer holds, never bytes it sends from elsewhere: rows sent from the segments' maps and
+camera frames left pending to be sent from the decoded-frame segments' maps (`app.reads.pending_copies`) take
+none, so a client that stops reading a take of thousands of such frames holds one send, not its whole answer.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class Hold:
 
     def __init__(self, budget: InflightBudget, size: int) -> None:
         self.budget, self.size = budget, size
+        self.released = False
 
     async def grow_to(self, size: int) -> None:
         """Hold `size` bytes in all, waiting for the difference when the budget is spent."""
@@ -116,5 +121,12 @@ class Hold:
             self.budget._give(self.size - size)
         self.size = size
 
+    def settle(self, size: int) -> None:
+        """`set(size)`, unless the hold is released: for work that may finish after its answer has ended (a piece
+        read ahead), whose bytes nobody holds any more."""
+        if not self.released:
+            self.set(size)
+
     def release(self) -> None:
         self.set(0)
+        self.released = True

@@ -40,6 +40,14 @@ class PendingCopies:
     def __bool__(self) -> bool:
         return bool(self._targets) and not self._made
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows still pending: sent from their sources, they take no memory of the answer's (their
+        room in its buffers is allocated and never written)."""
+        if self._made:
+            return 0
+        return sum(len(target.sources) * target.row_bytes for target in self._targets)
+
     def add(self, target: np.ndarray, rows: np.ndarray, sources: Sequence[np.ndarray]) -> None:
         """`target[rows[i]]` is to hold `sources[i]`. `target` is C-contiguous, one row per item of its first axis,
         and each source has the shape and dtype of one row. Rows of a target added before (frames of another

@@ -33,6 +33,12 @@ class Piece:
         """Bytes of the piece's buffers (the pending frames' included: their room is allocated)."""
         return sum(batch.get_total_buffer_size() for batch in self.batches)
 
+    def held_bytes(self, codec: str | None) -> int:
+        """Memory the piece holds until it is sent: its buffers, less the pending frames when it is sent
+        uncompressed (they go to the socket from the maps; compressing copies them into place first)."""
+        pending = self.pending.nbytes if self.pending is not None and codec is None else 0
+        return self.nbytes - pending
+
 
 class RowPieces:
     """The pieces of an answer over `rows`, computed by `compute` (rows -> piece) in request order; `row_bytes`:

@@ -257,8 +257,12 @@ def _prepared(dataset: Dataset, index: EpisodeIndex, ranges: EpisodeRanges | Non
     cameras = dataset.info().videos
     answered = [*(base or ()), *(spec.offsets if spec is not None else ())]
     resized = resized_cameras(cameras, [c for c in dict.fromkeys(answered) if c in cameras], request.frame_size)
+    # Frames left pending go to the socket from the maps; a compressed answer would copy them all into place at
+    # its first batch, so it gathers them as it reads, and a take of more than fit the inline budget is read in
+    # pieces like any other (never held whole).
+    deferred = request.codec is None
     options = ReadOptions(
-        request.tolerance_s, defer_frames=True, reference_frames=references, encoded_frames=encoded, resized=resized
+        request.tolerance_s, defer_frames=deferred, reference_frames=references, encoded_frames=encoded, resized=resized
     )
     return _Prepared(ViewRead(dataset, index, view, options), names, base, _stored_columns(dataset, base), spec)
 
