@@ -40,9 +40,8 @@ def reference_batch(
 
 
 def _described(segment: Segment, cache_root: Path) -> dict[str, object]:
-    """Where a segment file is and what tells it from a later rebuild (remembered while it is mapped)."""
+    """Where a segment file is and what tells it from a later rebuild (remembered while it is mapped: a segment
+    lies in one cache directory)."""
     return remembered(
-        segment,
-        ("row references", cache_root),
-        lambda: described_segment(segment, cache_root) | {"rows": segment.num_rows},
+        segment, "row references", lambda: described_segment(segment, cache_root) | {"rows": segment.num_rows}
     )
