@@ -172,8 +172,6 @@ def _gather(segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarr
         batch_of[here] = np.searchsorted(segment.offsets, rows, side="right") - 1
         within[here] = rows - segment.offsets[batch_of[here]]
         rows_of_segment.append(here)
-    if segments[0].wide and len(row_of) <= _ROW_SLICE_MAX:
-        return _gathered_by_slices(segments, segment_of, batch_of, within, schema)
     columns: list[Any] = [None] * len(schema)
     others = []
     for number, field in enumerate(schema):
@@ -189,26 +187,31 @@ def _gather(segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarr
                 values[here] = column.rows(batch_of[here], within[here])  # type: ignore[union-attr]
         columns[number] = _as_arrow(values, field)
     if others:
-        taken = _taken([segment.others(tuple(others)) for segment in segments], segment_of, batch_of, within)
+        batches = [segment.others(tuple(others)) for segment in segments]
+        if segments[0].wide and len(row_of) <= _ROW_SLICE_MAX:
+            taken = _sliced(batches, segment_of, batch_of, within)
+        else:
+            taken = _taken(batches, segment_of, batch_of, within)
         for position, number in enumerate(others):
             columns[number] = taken.column(position)
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _gathered_by_slices(
-    segments: list[_Selection], segment_of: np.ndarray, batch_of: np.ndarray, within: np.ndarray, schema: pa.Schema
+def _sliced(
+    batches: list[list[pa.RecordBatch]], segment_of: np.ndarray, batch_of: np.ndarray, within: np.ndarray
 ) -> pa.Table:
-    """Wide rows (images, long strings) in order: a zero-copy slice of the map per run of consecutive rows, then a
-    single copy; taking per batch and then reordering would copy every wide value twice."""
+    """Rows `within` of `batches[segment_of][batch_of]` in that order, for wide rows (images, long strings): a
+    zero-copy slice of the map per run of consecutive rows, then a single copy; taking per batch and then
+    reordering would copy every wide value twice."""
     breaks = (np.diff(segment_of) != 0) | (np.diff(batch_of) != 0) | (np.diff(within) != 1)
     starts = [0, *(np.flatnonzero(breaks) + 1).tolist()]
     stops = [*starts[1:], len(within)]
     segment_at, batch_at, within_at = (values[starts].tolist() for values in (segment_of, batch_of, within))
     pieces = [
-        segments[segment].batches[batch].slice(row, stop - start)
+        batches[segment][batch].slice(row, stop - start)
         for segment, batch, row, start, stop in zip(segment_at, batch_at, within_at, starts, stops, strict=True)
     ]
-    return pa.Table.from_batches([pa.concat_batches(pieces)], schema=schema)
+    return pa.Table.from_batches([pa.concat_batches(pieces)])
 
 
 def _taken(
