@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.lib.stride_tricks import sliding_window_view
 
 from episerve._cache_files import LocalReferences, SegmentUnavailable
 from episerve._numpy import fixed_width, numeric_dtype
@@ -128,13 +129,12 @@ class _FixedColumn:
 
     def __init__(self, values: np.ndarray, starts: np.ndarray, width: int) -> None:
         self.values, self.starts, self.width = values, starts, width
+        # Row-sized windows starting at every value: a row is then one item to copy, not `width` of them.
+        self._windows = sliding_window_view(values, width) if width > 1 else values.reshape(-1, 1)
 
     def rows(self, batch_of: np.ndarray, within: np.ndarray) -> np.ndarray:
         """Rows `within` of batches `batch_of`, copied in that order as `(rows, width)`."""
-        first = self.starts[batch_of] + within * self.width
-        if self.width == 1:
-            return self.values[first].reshape(-1, 1)
-        return self.values[first[:, None] + np.arange(self.width)]
+        return self._windows[self.starts[batch_of] + within * self.width]
 
 
 def _fixed_column(data: pa.Buffer, arrays: list[pa.Array]) -> _FixedColumn | None:
