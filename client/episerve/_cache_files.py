@@ -59,13 +59,13 @@ class CacheFiles(Generic[T]):
         """The file `entry` describes (`path` relative to the cache directory, `bytes`, `inode`, `mtime_ns`),
         mapped, with `parse(path, map)` made of it, remembered under `kind` (`SegmentUnavailable` if it is not
         that file or `parse` refuses it)."""
-        path = self.cache_dir / entry["path"]
-        key = (str(path), entry["bytes"], entry["inode"], entry["mtime_ns"], kind)
+        key = (entry["path"], entry["bytes"], entry["inode"], entry["mtime_ns"], kind)
         with self._lock:
             found = self._open.get(key)
             if found is not None and found.intact():
                 self._open.move_to_end(key)
                 return found
+        path = self.cache_dir / entry["path"]
         relative = PurePosixPath(entry["path"])
         if relative.is_absolute() or ".." in relative.parts:
             raise SegmentUnavailable(f"segment path {entry['path']!r} lies outside {self.cache_dir}")

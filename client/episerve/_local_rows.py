@@ -161,17 +161,14 @@ def _gather(segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarr
     schema = segments[0].schema
     if len(row_of) == 0:
         return schema.empty_table()
-    batch_of = np.empty_like(row_of)
-    within = np.empty_like(row_of)
-    rows_of_segment = []
-    for number, segment in enumerate(segments):
-        here = np.flatnonzero(segment_of == number) if len(segments) > 1 else slice(None)
-        rows = row_of[here]
-        if len(rows) and (rows.min() < 0 or rows.max() >= segment.offsets[-1]):
-            raise SegmentUnavailable(f"a row is past the end of a segment of {segment.offsets[-1]} rows")
-        batch_of[here] = np.searchsorted(segment.offsets, rows, side="right") - 1
-        within[here] = rows - segment.offsets[batch_of[here]]
-        rows_of_segment.append(here)
+    if len(segments) == 1:  # most takes: no row to sort by segment
+        rows_of_segment: list[Any] = [slice(None)]
+        batch_of, within = _located(segments[0], row_of)
+    else:
+        rows_of_segment = [np.flatnonzero(segment_of == number) for number in range(len(segments))]
+        batch_of, within = np.empty_like(row_of), np.empty_like(row_of)
+        for segment, here in zip(segments, rows_of_segment, strict=True):
+            batch_of[here], within[here] = _located(segment, row_of[here])
     columns: list[Any] = [None] * len(schema)
     others = []
     for number, field in enumerate(schema):
@@ -195,6 +192,14 @@ def _gather(segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarr
         for position, number in enumerate(others):
             columns[number] = taken.column(position)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _located(segment: _Selection, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The record batch holding each of `rows` of `segment`, and the row within it."""
+    if len(rows) and (rows.min() < 0 or rows.max() >= segment.offsets[-1]):
+        raise SegmentUnavailable(f"a row is past the end of a segment of {segment.offsets[-1]} rows")
+    batch_of = np.searchsorted(segment.offsets, rows, side="right") - 1
+    return batch_of, rows - segment.offsets[batch_of]
 
 
 def _sliced(
