@@ -3,13 +3,17 @@ itself; these tests hold the two definitions equal."""
 
 from __future__ import annotations
 
-from app.reads import arrow_ipc, frame_references, windows
+from app.reads import arrow_ipc, frame_references, row_references, windows
 from app.settings import Settings
-from episerve import _client, _local_frames, _output_lerobot
+from episerve import _client, _local_frames, _local_rows, _output_lerobot
 
 
 def test_frame_references_are_described_under_one_metadata_key() -> None:
     assert _local_frames.METADATA_KEY == frame_references.METADATA_KEY
+
+
+def test_row_references_are_described_under_one_metadata_key() -> None:
+    assert _local_rows.METADATA_KEY == row_references.METADATA_KEY
 
 
 def test_arrow_bodies_have_one_media_type() -> None:

@@ -37,14 +37,14 @@ def reference_column(
     column = pa.StructArray.from_arrays([pa.array(segment_of), pa.array(row_of)], fields=list(REFERENCE_TYPE))
     described = {
         "shape": [feature.height, feature.width, feature.channels],
-        "segments": [_described(segment, cache_root) for segment in segments],
+        "segments": [described_segment(segment, cache_root) for segment in segments],
     }
     if feature.tier.decodes:  # the segments keep encoded images: the client decodes them
         described["encoding"] = feature.tier.name
     return pa.field(feature.key, REFERENCE_TYPE, metadata={METADATA_KEY: orjson.dumps(described)}), column
 
 
-def _described(segment: Segment, cache_root: Path) -> dict[str, object]:
+def described_segment(segment: Segment, cache_root: Path) -> dict[str, object]:
     """Where a segment file is (relative to the cache directory) and what tells it from a later rebuild."""
     assert segment.path is not None
     return {

@@ -86,6 +86,13 @@ class TakeRequest(RowSelection):
         + " `references` (for a client that reads the server's cache directory itself): references to rows of the "
         "decoded-frame segments where every frame of the camera lies in one; windowed cameras come as pixels.",
     )
+    rows: Literal["values", "references"] = Field(
+        "values",
+        description="How the rows come: `values` (the columns themselves) or `references` (for a client that reads "
+        "the server's cache directory itself): where each row lies, a `segment` (int32, an index into the segments "
+        "the schema's metadata `episerve.rows` describes) and a `row` of that segment file, when every column asked "
+        "is stored (no camera, no `delta_timestamps`) and every row's segment is built; otherwise the values.",
+    )
 
 
 MAX_TAKES = 1024

@@ -180,7 +180,8 @@ class TakeRead(RowRead):
         self.ranges = request.episode_ranges(dataset.limits)
 
     def _planned(self, index: EpisodeIndex) -> _Plan:
-        return _TakePlan(_prepared(self.dataset, index, self.ranges, self.request), self.request)
+        plan = _TakePlan(_prepared(self.dataset, index, self.ranges, self.request), self.request)
+        return _RowReferencePlan(plan) if self.request.rows == "references" else plan
 
 
 def answer_slice(dataset: Dataset, request: SliceRequest, if_none_match: str | None = None) -> Answer | NotModified:
@@ -399,6 +400,32 @@ class _TakePlan(_Plan):
             table = read.take_rows(rows, read.locating_columns(prepared.stored))
             table = read.complete(rows, table, prepared.base, prepared.spec, read.locate_in(rows, table))
         return Piece(table.schema, [b for b in table.to_batches() if b.num_rows], read.pending or None)
+
+
+class _RowReferencePlan(_Plan):
+    """A take asking for its rows by reference (`rows: "references"`): where they lie in the segments, for a client
+    that reads the cache directory itself (`app.reads.row_references`), when every column it asks for is stored
+    and unwindowed and every row's segment is built; otherwise, the same take answered with the values."""
+
+    def __init__(self, values: _TakePlan) -> None:
+        self.values, self.read, self.frame_bytes = values, values.read, values.frame_bytes
+        prepared = values.prepared
+        asked = prepared.names if prepared.names is not None else self.read.cameras
+        self.referable = prepared.spec is None and len(values.rows) > 0 and not set(asked) & set(self.read.cameras)
+
+    def decide(self) -> bool:
+        """Quick when the rows' segments are mapped (the references copy no row); else as the values' take."""
+        if not self.referable:
+            return self.values.decide()
+        return self.read.answerable_from_maps(RowsNeeded(self.values.rows, self.values.prepared.stored, False))
+
+    def answer(self) -> Answer:
+        if self.referable:
+            references = self.read.row_references(self.values.rows, self.values.prepared.stored)
+            if references is not None:
+                headers = {"X-Total-Rows": str(len(self.read.view))}
+                return Answer(references.schema, [references], headers, self.values.request.codec)
+        return self.values.answer()
 
 
 def _in_pieces(plan: _SlicePlan | _TakePlan, rows: np.ndarray, headers: dict[str, str], codec: str | None) -> Answer:

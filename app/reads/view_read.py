@@ -1,5 +1,5 @@
 """One read of one index snapshot: `ViewRead` carries what every step of a row read needs, and its methods are
-the steps (rows of segments, rows by position, camera frames, frame references, windows).
+the steps (rows of segments, rows by position, row references, camera frames, frame references, windows).
 
 Whether a read may block is decided once, before any row is read (`ViewRead.answerable_from_maps`): a read that is
 to be answered on the event loop first finds every segment it will touch mapped by this process and holds on to
@@ -33,6 +33,7 @@ from app.reads.frames import (
     tensor_column,
 )
 from app.reads.pending_copies import PendingCopies
+from app.reads.row_references import reference_batch
 from app.reads.takes import gather_rows, project
 from app.reads.windows import DEFAULT_TOLERANCE_S, PAD_SUFFIX, WindowSpec, as_windows, pad_column, window_targets
 from app.sources.frame_tiers import wire_encoding
@@ -212,6 +213,43 @@ class ViewRead:
         if cold:
             self.dataset.ensure_fresh(self.index, touched)  # the source files read must not have changed meanwhile
         return table
+
+    def row_references(self, rows: np.ndarray, names: list[str] | None) -> pa.RecordBatch | None:
+        """View `rows` (in range, not empty) of the stored columns `names` (None: all) as references into their
+        segments (see `app.reads.row_references`); None if some row's segment is not built, or its file is no
+        longer the one at its path (send the values)."""
+        files, stored = self.view.locate(rows)
+        touched = distinct(files)
+        self.dataset.ensure_fresh(self.index, touched)
+        segments = [self._segment_at_path(number) for number in touched]
+        if any(segment is None for segment in segments):
+            return None
+        if len(touched) == 1:
+            segment_of = np.zeros(len(files), dtype=np.int32)
+        else:
+            segment_of = np.searchsorted(np.asarray(touched), files).astype(np.int32)
+        columns = names if names is not None else self.index.schema.names
+        root = self.dataset.segments.cache_root
+        return reference_batch(segments, segment_of, stored, columns, root)  # type: ignore[arg-type]
+
+    def _segment_at_path(self, number: int) -> Segment | None:
+        """The segment of source file `number` if it is built and the file at its path is the one mapped (what
+        a client reading that path finds); None otherwise. Never builds; `WouldBlock` for a quick read that would
+        have to map a file."""
+        segment = self._segments.get(number)
+        if segment is not None and segment.at_path():
+            return segment
+        if not self.may_block:
+            raise WouldBlock(f"segment of {self.index.files[number].path} is not mapped as it is on disk")
+        if segment is None:
+            segment = self.dataset.rows.built(self.index, number)
+        if segment is not None and not segment.at_path():  # evicted or rebuilt by another process since mapped
+            self.dataset.rows.forget(segment)
+            segment = self.dataset.rows.built(self.index, number)
+        if segment is None or not segment.at_path():
+            return None
+        self._segments[number] = segment
+        return segment
 
     def _cold_take(self, source: ColdRows, rows: np.ndarray, names: list[str] | None) -> pa.Table:
         return self.dataset.rows.cold_take(self.index, source, rows, names)

@@ -30,11 +30,6 @@ class FrameCache(SegmentStore):
         self.budget = budget
         self._fingerprints: dict[str, SourceFingerprint] = {}
 
-    @property
-    def cache_root(self) -> Path:
-        """The cache directory all datasets share (this dataset's lies in its `datasets/`)."""
-        return self.directory.parent.parent.parent
-
     def file_fingerprint(self, rel: str) -> SourceFingerprint:
         """The fingerprint of video file `rel`, remembered while the file stays unchanged."""
         source = self.reader
@@ -74,11 +69,6 @@ class FrameCache(SegmentStore):
                 return None
             segment = self.open(source, schema)
         return self._used(segment)
-
-    def forget(self, segment: Segment) -> None:
-        """Unmap a decoded-frame segment this process holds (e.g. one evicted or rebuilt by another process since),
-        so the next request maps the file now at its path."""
-        self.lru.discard(str(segment.path))
 
     def status(self, cameras: Sequence[VideoFeature], frames: int) -> dict[str, Any]:
         """Segments built, their bytes, the budget, and the disk all the frames of `cameras` (`frames` each) would

@@ -52,6 +52,16 @@ class RowFiles:
         """The segment of source file `number` if this process has it mapped already."""
         return self.segments.opened(index.files[number])
 
+    def built(self, index: EpisodeIndex, number: int) -> Segment | None:
+        """The segment of source file `number` if it is built (mapped first if need be); None, without waiting,
+        while it is not."""
+        return self.segments.open_if_built(index.files[number], index.schema)
+
+    def forget(self, segment: Segment) -> None:
+        """Unmap a segment (one evicted or rebuilt by another process since), so the next read maps the file now
+        at its path."""
+        self.segments.forget(segment)
+
     def build(self, index: EpisodeIndex, number: int, progress: ProgressCallback | None = None) -> Segment:
         """Build (or open) the segment of source file `number`, reporting `progress`."""
         return self.segments.open(index.files[number], index.schema, progress)

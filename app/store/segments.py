@@ -103,6 +103,11 @@ class SegmentStore:
         stem = Path(source_path).stem[:40]
         return f"{stem}-{hashlib.sha256(source_path.encode()).hexdigest()[:12]}"
 
+    @property
+    def cache_root(self) -> Path:
+        """The cache directory all datasets share (this store's dataset lies in its `datasets/`)."""
+        return self.directory.parent.parent.parent
+
     def paths(self, source_path: str) -> SegmentPaths:
         paths = self._paths.get(source_path)
         if paths is None:
@@ -208,6 +213,11 @@ class SegmentStore:
                     self._queued.discard(source.path)
 
         background_builds(self.builder).submit(build)
+
+    def forget(self, segment: Segment) -> None:
+        """Unmap a segment this process holds (e.g. one evicted or rebuilt by another process since), so the next
+        request maps the file now at its path."""
+        self.lru.discard(str(segment.path))
 
     def verify(self, source: SourceFingerprint, schema: pa.Schema) -> str | None:
         """None if the segment on disk is sound (or absent), else what is wrong with it."""

@@ -1,7 +1,9 @@
 """P3: a torch DataLoader end to end (batch 256, 2 workers, shuffle), samples/s over a fixed number of samples.
 
-Loaders: `episerve.EpisodeDataset` (map-style, one take per batch, `episerve.collate`), `episerve.
-EpisodeIterableDataset` (shuffled chunks, batched in the dataset), HF `datasets` in torch format (its own
+Loaders: `episerve.EpisodeDataset` (map-style, one take per batch, `episerve.collate`), the same on the server's
+machine with `cache_dir=` (each take answered with where its rows lie, which the workers gather from the segment
+files themselves: rows by reference), `episerve.EpisodeIterableDataset` (shuffled chunks, batched in the
+dataset), HF `datasets` in torch format (its own
 `__getitems__` plus the default collate), and the local mmap ceiling (one batch-grouped take per batch, handed
 to the main process as one block like episerve's batches; for reference also with torch's default
 per-tensor hand-off). The clock starts once the first batch has arrived (worker start-up excluded) and stops at
@@ -60,6 +62,7 @@ def _loaders(ctx: Context, name: str) -> dict[str, Iterable[Any]]:
     batch = ctx.scale.p3_batch
     url = ctx.server.url
     mapped = episerve.EpisodeDataset(url, name)
+    by_reference = episerve.EpisodeDataset(url, name, cache_dir=ctx.cache_dir)
     iterable = episerve.EpisodeIterableDataset(url, name, batch_size=batch, shuffle=True)
     hf_torch = hf.load(ctx.datasets[name], ctx.hf_cache).with_format("torch")
     local = MmapBatchDataset(ctx.ipc[name], one_block=True)
@@ -67,6 +70,9 @@ def _loaders(ctx: Context, name: str) -> dict[str, Iterable[Any]]:
     common = {"num_workers": WORKERS, "persistent_workers": False}
     return {
         "episerve": DataLoader(mapped, batch_size=batch, shuffle=True, collate_fn=episerve.collate, **common),
+        "episerve by reference": DataLoader(
+            by_reference, batch_size=batch, shuffle=True, collate_fn=episerve.collate, **common
+        ),
         "episerve iterable": DataLoader(iterable, batch_size=None, **common),
         "hf": DataLoader(hf_torch, batch_size=batch, shuffle=True, **common),
         "mmap": DataLoader(local, batch_size=batch, shuffle=True, collate_fn=identity, **common),
@@ -74,12 +80,18 @@ def _loaders(ctx: Context, name: str) -> dict[str, Iterable[Any]]:
     }
 
 
-LOADERS = {"EpisodeDataset": "episerve", "EpisodeIterableDataset": "episerve iterable"}
-# (peer label, loader key, target factor or None for an info row, which of our loaders it is compared with)
-COMPARISONS = [
-    ("HF datasets (torch format)", "hf", 1.5, tuple(LOADERS)),
-    ("local mmap batched ceiling", "mmap", 0.8, tuple(LOADERS)),
-    ("local mmap, torch's per-tensor hand-off", "mmap per tensor", None, ("EpisodeDataset",)),
+BY_REFERENCE = "EpisodeDataset by reference (cache_dir=)"
+LOADERS = {
+    "EpisodeDataset": "episerve",
+    BY_REFERENCE: "episerve by reference",
+    "EpisodeIterableDataset": "episerve iterable",
+}
+OVER_HTTP = ("EpisodeDataset", "EpisodeIterableDataset")
+# (peer label, loader key, {which of our loaders it is compared with: target factor, or None for an info row})
+COMPARISONS: list[tuple[str, str, dict[str, float | None]]] = [
+    ("HF datasets (torch format)", "hf", dict.fromkeys(OVER_HTTP, 1.5)),
+    ("local mmap batched ceiling", "mmap", {**dict.fromkeys(OVER_HTTP, 0.8), BY_REFERENCE: 1.0}),
+    ("local mmap, torch's per-tensor hand-off", "mmap per tensor", {"EpisodeDataset": None}),
 ]
 
 
@@ -93,8 +105,8 @@ def run(ctx: Context) -> list[Row]:
         rounds = {kind: by_loader[loader] for kind, loader in loaders.items()}
         speed = {kind: medians(measured)["samples_per_s"] for kind, measured in rounds.items()}
         case = f"{name}, {samples:,} samples"
-        for peer, peer_kind, factor, ours_compared in COMPARISONS:
-            for label in ours_compared:
+        for peer, peer_kind, ours_compared in COMPARISONS:
+            for label, factor in ours_compared.items():
                 ours = LOADERS[label]
                 spread = ratio_spread(rounds[ours], rounds[peer_kind], "samples_per_s") if factor else ""
                 rows.append(

@@ -18,10 +18,20 @@ from urllib.parse import quote, urlencode, urlsplit
 import numpy as np
 import pyarrow as pa
 
+from episerve._cache_files import SegmentUnavailable
 from episerve._encoded_frames import FRAMES, decoded_frames
 from episerve._episodes import Episodes
-from episerve._errors import ConnectionFailed, EpiserveError, NotFound, ServerError, TooLarge, server_error
-from episerve._local_frames import FramesUnavailable, LocalFrames
+from episerve._errors import (
+    ConnectionFailed,
+    EpiserveError,
+    InvalidRequest,
+    NotFound,
+    ServerError,
+    TooLarge,
+    server_error,
+)
+from episerve._local_frames import LocalFrames
+from episerve._local_rows import LocalRows
 from episerve._retry import PROGRESS_HEADER, RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
 from episerve._selection import ArrowBody, DeltaTimestamps, Pages, Selection
 from episerve._transport import (
@@ -44,6 +54,7 @@ _TAKE_INDICES = 100_000  # the server's default `max_take_indices`
 _MAX_TAKES = 1024  # takes per `POST /takes` request
 _MAX_SPEC_IN_URL = 4000  # longer episode specs travel in a POST /rows body instead of the query string
 _USER_AGENT = f"episerve-client/{__version__}"
+_ROWS_UNKNOWN = "rows: Extra inputs are not permitted"  # a server from before rows by reference, asked for them
 
 log = logging.getLogger("episerve")
 
@@ -57,8 +68,9 @@ class Client:
     is logged as a warning on the `episerve` logger. `compression` (`"lz4"` or `"zstd"`) asks for compressed
     Arrow bodies, worth it across slow links (pyarrow decompresses them). `cache_dir` is the server's cache
     directory as this machine sees it (the server runs here, or its cache is a volume shared with this machine):
-    takes then read the camera frames the server has decoded straight from its segment files, not over the socket
-    (frames not decoded yet, windowed cameras and `rows()` still come over HTTP). `frames="encoded"` asks for
+    takes then read their rows and the camera frames the server has decoded straight from its segment files, not
+    over the socket (rows not cached yet, windowed columns, cameras not decoded yet and `rows()` still come over
+    HTTP). `frames="encoded"` asks for
     camera frames (those without windows) as JPEG bytes and decodes them in this process (the `jpeg` extra): a
     480x640 frame crosses the network in a tenth of its raw bytes or less, and the trainer's cores decode, not the
     server's; the frames are lossy unless the dataset's frame tier is JPEG already (then they equal its pixels).
@@ -94,6 +106,7 @@ class Client:
             retries = Retries(attempts=retries)
         self.retries = retries or Retries()
         self.local_frames = LocalFrames(cache_dir) if cache_dir is not None else None
+        self.local_rows = LocalRows(cache_dir) if cache_dir is not None else None
         self._page_rows = _PAGE_ROWS
         self._take_indices = _TAKE_INDICES
         self._takes_supported = True
@@ -272,46 +285,85 @@ class Client:
         return [self.read_take(selection, indices) for selection, indices in wanted]
 
     def _takes_request(self, takes: list[tuple[Selection, np.ndarray]]) -> list[Pages]:
-        """One `POST /takes` request; camera frames read from `cache_dir` where they can be."""
+        """One `POST /takes` request; rows and camera frames read from `cache_dir` where they can be."""
         payload = [{"dataset": selection.dataset_id} | _take_body(selection, page) for selection, page in takes]
         payload = [take | self._answer_fields() for take in payload]
-        local = self.local_frames
-        if local is not None and local.in_use:
-            referenced = [take | {"frames": "references"} for take in payload]
-            tables, buffer, totals = self._takes_answer(referenced)
-            try:
-                resolved = [local.resolve(table) for table in tables]
-                return [Pages([ArrowBody(t, buffer)], total) for t, total in zip(resolved, totals, strict=True)]
-            except FramesUnavailable as exc:
-                local.missed(exc)
-        tables, buffer, totals = self._takes_answer(payload)
+        references = self._references()
+        if references:
+            response = self._send_for_references("/takes", {"takes": [take | references for take in payload]})
+            if response is not None:
+                tables, buffer, totals = self._takes_answer(response, len(payload))
+                resolved = self._resolved(tables, references)
+                if resolved is not None:
+                    return [Pages([ArrowBody(t, buffer)], total) for t, total in zip(resolved, totals, strict=True)]
+        response = self._send("POST", "/takes", body={"takes": payload}, arrow=True)
+        tables, buffer, totals = self._takes_answer(response, len(payload))
         return [Pages([ArrowBody(t, buffer)], total) for t, total in zip(tables, totals, strict=True)]
 
-    def _takes_answer(self, payload: list[dict[str, Any]]) -> tuple[list[pa.Table], pa.Buffer, list[int]]:
+    def _takes_answer(self, response: Response, takes: int) -> tuple[list[pa.Table], pa.Buffer, list[int]]:
         """The tables of a `POST /takes` answer (its streams, one after another), their buffer and view lengths."""
-        response = self._send("POST", "/takes", body={"takes": payload}, arrow=True)
         body = _arrow_body_buffer(response, "the takes")
         reader = pa.BufferReader(body)
-        tables = [decoded_frames(pa.ipc.open_stream(reader).read_all()) for _ in payload]
+        tables = [decoded_frames(pa.ipc.open_stream(reader).read_all()) for _ in range(takes)]
         totals = [int(total) for total in response.headers["x-total-rows"].split(",")]
-        if reader.tell() != body.size or len(totals) != len(payload):
-            raise EpiserveError(f"the server answered {len(payload)} takes with another number of streams")
+        if reader.tell() != body.size or len(totals) != takes:
+            raise EpiserveError(f"the server answered {takes} takes with another number of streams")
         return tables, body, totals
 
     def _take_page(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int]:
-        """One `/rows/take` request and the view length; camera frames read from `cache_dir` where it can."""
+        """One `/rows/take` request and the view length; rows and camera frames read from `cache_dir` where they
+        can be."""
         payload = _take_body(selection, page) | self._answer_fields()
         path = _path(selection.dataset_id, "/rows/take")
-        local = self.local_frames
-        if local is not None and local.in_use:
-            response = self._send("POST", path, body=payload | {"frames": "references"}, arrow=True)
-            body = _arrow_body(response, selection.dataset_id)
-            try:
-                return ArrowBody(local.resolve(body.table), body.buffer), int(response.headers["x-total-rows"])
-            except FramesUnavailable as exc:
-                local.missed(exc)
+        references = self._references()
+        if references:
+            response = self._send_for_references(path, payload | references)
+            if response is not None:
+                body = _arrow_body(response, selection.dataset_id)
+                resolved = self._resolved([body.table], references)
+                if resolved is not None:
+                    return ArrowBody(resolved[0], body.buffer), int(response.headers["x-total-rows"])
         response = self._send("POST", path, body=payload, arrow=True)
         return _arrow_body(response, selection.dataset_id), int(response.headers["x-total-rows"])
+
+    def _references(self) -> dict[str, str]:
+        """The fields with which a take asks for references into `cache_dir`: rows (`episerve._local_rows`) and
+        camera frames (`episerve._local_frames`), each unless paused after takes that could not read them."""
+        fields = {}
+        if self.local_rows is not None and self.local_rows.in_use:
+            fields["rows"] = "references"
+        if self.local_frames is not None and self.local_frames.in_use:
+            fields["frames"] = "references"
+        return fields
+
+    def _send_for_references(self, path: str, body: dict[str, Any]) -> Response | None:
+        """The answer to a take asking for references; None from a server that does not know rows by reference
+        (asked no more)."""
+        try:
+            return self._send("POST", path, body=body, arrow=True)
+        except InvalidRequest as exc:
+            if self.local_rows is None or _ROWS_UNKNOWN not in str(exc.body.get("detail", "")):
+                raise
+            self.local_rows = None
+            return None
+
+    def _resolved(self, tables: list[pa.Table], references: dict[str, str]) -> list[pa.Table] | None:
+        """The answers to takes that asked for `references`, with what they reference read from `cache_dir`; None
+        (the miss noted) when some referenced file cannot be read here: the takes are asked for again, by value."""
+        resolved = []
+        for table in tables:
+            local: LocalRows | LocalFrames | None = self.local_rows
+            if not LocalRows.referenced(table):  # rows by value, camera frames perhaps by reference
+                local = self.local_frames if "frames" in references else None
+            if local is None:
+                resolved.append(table)
+                continue
+            try:
+                resolved.append(local.resolve(table))
+            except SegmentUnavailable as exc:
+                local.missed(exc)
+                return None
+        return resolved
 
     def _slice(self, selection: Selection, start: int, stop: int | None) -> Response:
         """One `/rows` request: GET with a query, or POST with a body when the episode list is too long for a URL."""

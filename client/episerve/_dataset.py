@@ -37,8 +37,8 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
     per-sample work. `transform`, if given, is applied to each sample (and then batches are stacked again).
 
     `cache_dir`, on the server's machine (or with its cache on a shared volume), is the server's cache directory as
-    seen from here: camera frames the server has decoded are then read from its segment files instead of over the
-    socket (see `Client`).
+    seen from here: rows the server has cached and camera frames it has decoded are then read from its segment
+    files instead of over the socket, so a batch costs one small request whatever its size (see `Client`).
 
     `image_size` — `(height, width)`, or `{camera: (height, width)}` — has the server downscale camera frames to
     that size (area averaging, as its decoded-frame cache does), no larger than the size it serves them at. Frames
