@@ -1,7 +1,7 @@
 """The training cost of a lossy frame tier, measured: LeRobot's own `lerobot_train`, through the switch, on the same
 camera dataset from exact frames (`raw`) and from each JPEG setting P16 measures, with the same seeds.
 
-    python -m bench.lossy_training [--steps 300] [--size 224] [--workdir DIR]
+    python -m bench.lossy_training [--steps 300] [--size 224] [--seeds 1000] [--workdir DIR]
 
 The dataset makes the frames matter: P16's photo scene (a pan and zoom over photographs with sensor noise, AV1 as
 LeRobot records it), whose `action` is the camera's view (zoom, top, left: `bench.camera_datasets.photo_view`) at
@@ -13,8 +13,9 @@ For each setting, one server cache is built with `episerve-server warm DATASET -
 `EPISERVE_VIDEO_FRAME_TIER` (once, reused), and a tiny ACT (no pretrained weights) is trained by LeRobot's
 `lerobot_train` (`bench/lerobot_train_losses.py`, which records each step's loss) against a server on that cache:
 the training episodes only (`--dataset.episodes`), batch 8, 2 DataLoader workers, CPU (one torch thread), seed
-1000, LeRobot's defaults otherwise (ImageNet camera statistics), but for the learning rate (1e-4, see `TINY_ACT`).
-Every run reads the same samples in the same order; only the pixels differ.
+1000 (`--seeds 1000,1001`: once per seed), LeRobot's defaults otherwise (ImageNet camera statistics), but for the
+learning rate (1e-4, see `TINY_ACT`). The runs of one seed read the same samples in the same order; only the pixels
+differ.
 
 Then each trained policy (its saved checkpoint and processors) is evaluated on the held-out episodes, read from the
 exact (raw) server whatever it was trained on, with `torch.no_grad`, in LeRobot's order, batch 8:
@@ -24,8 +25,9 @@ exact (raw) server whatever it was trained on, with `torch.no_grad`, in LeRobot'
 - the held-out L1 at inference: the predicted action chunk (latent zero, no dropout, as deployed) against the true
   one, normalised by the dataset's statistics like the loss; beside it, the L1 of predicting the statistics' mean.
 
-Prints a Markdown table (disk ÷ the MP4s, the server's PSNR against the exact frames, the mean training loss over
-the last 50 steps, the held-out losses and their ratio to raw) and writes every step's loss to a CSV.
+Prints a Markdown table, a row per run (disk ÷ the MP4s, the server's PSNR against the exact frames, the mean
+training loss over the last 50 steps, the held-out losses and their ratio to the raw run of the same seed), and
+writes every step's loss to a CSV.
 """
 
 from __future__ import annotations
@@ -95,12 +97,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps per setting (default {STEPS})")
     parser.add_argument("--size", type=int, default=224, help="frame height and width (default 224)")
     parser.add_argument(
+        "--seeds",
+        default=str(SEED),
+        help=f"lerobot_train's --seed, comma-separated: every setting is trained once per seed (default {SEED})",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "episerve-bench" / "lossy-training",
         help="dataset, caches, runs and logs (default: <tmp>/episerve-bench/lossy-training)",
     )
     args = parser.parse_args(argv)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     workdir: Path = args.workdir.resolve()
     load_before, started = os.getloadavg()[0], time.monotonic()
     size = CameraSize(f"views{args.size}", args.size, args.size, EPISODES, 120, 160, seed=41, content="photo")
@@ -110,33 +118,34 @@ def main(argv: list[str] | None = None) -> None:
     train = [e for e in range(dataset.episodes) if e not in held_out]
     logs = workdir / "logs"
     caches = {setting: workdir / "frame-tiers" / dataset.name / setting.replace(":", "-") for setting in SETTINGS}
-    disk = {}
+    disk, psnr = {}, {}
     for setting, cache in caches.items():
         print(f"# warm {setting} ...", file=sys.stderr)
         disk[setting] = warm_tier(dataset, cache, setting, logs / "warm.log") / dataset.video_bytes
     runs = workdir / "runs" / f"{dataset.name}-{args.steps}"
-    trained: dict[str, dict[str, Any]] = {}
+    trained: dict[tuple[str, int], dict[str, Any]] = {}
     for setting, cache in caches.items():
-        print(f"# train on {setting} ...", file=sys.stderr)
         with EpiserveServer(dataset.root, cache, logs, 1, {"EPISERVE_VIDEO_FRAME_TIER": setting}) as server:
-            psnr = _psnr(server.url, dataset.name)
-            trained[setting] = _train(server.url, dataset, train, args.steps, runs / setting.replace(":", "-"))
-        trained[setting]["psnr_db"] = psnr
+            psnr[setting] = _psnr(server.url, dataset.name)
+            for seed in seeds:
+                print(f"# train on {setting}, seed {seed} ...", file=sys.stderr)
+                out = runs / f"{setting.replace(':', '-')}-seed{seed}"
+                trained[setting, seed] = _train(server.url, dataset, train, args.steps, seed, out)
     print("# held-out episodes from the exact frames ...", file=sys.stderr)
     with EpiserveServer(dataset.root, caches["raw"], logs, 1, {"EPISERVE_VIDEO_FRAME_TIER": "raw"}) as server:
-        for setting in SETTINGS:
-            trained[setting] |= _held_out(server.url, dataset.name, held_out, trained[setting]["checkpoint"])
+        for run in trained.values():
+            run |= _held_out(server.url, dataset.name, held_out, run["checkpoint"])
     curves = runs / "losses.csv"
     _write_curves(curves, trained)
     minutes = (time.monotonic() - started) / 60
     training = ", ".join(f"{run['seconds'] / 60:.1f}" for run in trained.values())
     print(
         f"{dataset.height}x{dataset.width}, {dataset.episodes} episodes ({dataset.rows:,} frames): trained on "
-        f"episodes {train}, held out {held_out}; {args.steps} steps, batch {BATCH}, {WORKERS} workers, seed {SEED}, "
-        f"evaluation seed {EVAL_SEED}; {minutes:.1f} minutes, load average {load_before:.1f} before and "
-        f"{os.getloadavg()[0]:.1f} after; training {training} minutes; per-step losses in {curves}\n"
+        f"episodes {train}, held out {held_out}; {args.steps} steps, batch {BATCH}, {WORKERS} workers, seeds "
+        f"{args.seeds}, evaluation seed {EVAL_SEED}; {minutes:.1f} minutes, load average {load_before:.1f} before "
+        f"and {os.getloadavg()[0]:.1f} after; training runs {training} minutes; per-step losses in {curves}\n"
     )
-    print(_table(trained, disk))
+    print(_table(trained, disk, psnr))
 
 
 def _psnr(url: str, name: str) -> float | None:
@@ -146,7 +155,7 @@ def _psnr(url: str, name: str) -> float | None:
     return camera["frames"].get("psnr_db")
 
 
-def _train(url: str, dataset: CameraDataset, episodes: list[int], steps: int, out: Path) -> dict[str, Any]:
+def _train(url: str, dataset: CameraDataset, episodes: list[int], steps: int, seed: int, out: Path) -> dict[str, Any]:
     """One lerobot_train run through the switch against `url`, in a process of its own with no Hub access:
     {"losses": one per step, "seconds": its wall time, "checkpoint": the saved policy}."""
     shutil.rmtree(out, ignore_errors=True)  # lerobot_train refuses an existing output directory
@@ -161,7 +170,7 @@ def _train(url: str, dataset: CameraDataset, episodes: list[int], steps: int, ou
         f"--steps={steps}",
         f"--num_workers={WORKERS}",
         f"--log_freq={max(steps // 10, 1)}",
-        f"--seed={SEED}",
+        f"--seed={seed}",
         f"--output_dir={out / 'train'}",
         *TINY_ACT,
     ]
@@ -208,31 +217,36 @@ def _held_out(url: str, name: str, episodes: list[int], checkpoint: Path) -> dic
     return {key: value / count for key, value in totals.items()}
 
 
-def _write_curves(path: Path, trained: dict[str, dict[str, Any]]) -> None:
+def _write_curves(path: Path, trained: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """Every run's loss per step, a column per run (`raw seed 1000`, ...)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
-        writer.writerow(["step", *trained])
+        writer.writerow(["step", *(f"{setting} seed {seed}" for setting, seed in trained)])
         for step, losses in enumerate(zip(*(run["losses"] for run in trained.values()), strict=True), start=1):
             writer.writerow([step, *(f"{loss:.6g}" for loss in losses)])
 
 
-def _table(trained: dict[str, dict[str, Any]], disk: dict[str, float]) -> str:
-    raw = trained["raw"]
+def _table(
+    trained: dict[tuple[str, int], dict[str, Any]], disk: dict[str, float], psnr: dict[str, float | None]
+) -> str:
+    """One row per run; the ratios are to the raw run of the same seed."""
     lines = [
-        "| setting | disk ÷ MP4 | PSNR vs exact | train loss, last 50 steps | held-out loss | ÷ raw "
+        "| setting | seed | disk ÷ MP4 | PSNR vs exact | train loss, last 50 steps | held-out loss | ÷ raw "
         "| held-out L1, inference | ÷ raw |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for setting, run in trained.items():
-        psnr = "exact" if run["psnr_db"] is None else f"{run['psnr_db']:.1f} dB"
+    for (setting, seed), run in sorted(trained.items(), key=lambda item: item[0][1]):
+        raw = trained["raw", seed]
+        quality = "exact" if psnr[setting] is None else f"{psnr[setting]:.1f} dB"
         last = float(np.mean(run["losses"][-LAST_STEPS:]))
         lines.append(
-            f"| `{setting}` | {disk[setting]:.1f}x | {psnr} | {last:.4f} | {run['held_out_loss']:.4f} "
+            f"| `{setting}` | {seed} | {disk[setting]:.1f}x | {quality} | {last:.4f} | {run['held_out_loss']:.4f} "
             f"| {run['held_out_loss'] / raw['held_out_loss']:.3f} | {run['held_out_l1']:.4f} "
             f"| {run['held_out_l1'] / raw['held_out_l1']:.3f} |"
         )
-    lines.append(f"\nPredicting the statistics' mean: held-out L1 {raw['mean_l1']:.4f}.")
+    mean_l1 = next(iter(trained.values()))["mean_l1"]
+    lines.append(f"\nPredicting the statistics' mean (zero, normalised): held-out L1 {mean_l1:.4f}.")
     return "\n".join(lines)
 
 
