@@ -26,8 +26,8 @@ exact (raw) server whatever it was trained on, with `torch.no_grad`, in LeRobot'
   one, normalised by the dataset's statistics like the loss; beside it, the L1 of predicting the statistics' mean.
 
 Prints a Markdown table, a row per run (disk ÷ the MP4s, the server's PSNR against the exact frames, the mean
-training loss over the last 50 steps, the held-out losses and their ratio to the raw run of the same seed), and
-writes every step's loss to a CSV.
+training loss over the last 50 steps, the held-out losses and their ratio to the raw run of the same seed) and
+each run's mean training loss per 50 steps, and writes every step's loss to a CSV.
 """
 
 from __future__ import annotations
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         f"and {os.getloadavg()[0]:.1f} after; training runs {training} minutes; per-step losses in {curves}\n"
     )
     print(_table(trained, disk, psnr))
+    print()
+    print(_curve_table(trained))
 
 
 def _psnr(url: str, name: str) -> float | None:
@@ -247,6 +249,20 @@ def _table(
         )
     mean_l1 = next(iter(trained.values()))["mean_l1"]
     lines.append(f"\nPredicting the statistics' mean (zero, normalised): held-out L1 {mean_l1:.4f}.")
+    return "\n".join(lines)
+
+
+def _curve_table(trained: dict[tuple[str, int], dict[str, Any]]) -> str:
+    """The training loss curves in short: each run's mean loss over every `LAST_STEPS` steps."""
+    steps = min(len(run["losses"]) for run in trained.values())
+    windows = [(start, min(start + LAST_STEPS, steps)) for start in range(0, steps, LAST_STEPS)]
+    lines = [
+        "| setting | seed | " + " | ".join(f"steps {start + 1}-{end}" for start, end in windows) + " |",
+        "|---|---:|" + "---:|" * len(windows),
+    ]
+    for (setting, seed), run in sorted(trained.items(), key=lambda item: item[0][1]):
+        means = (float(np.mean(run["losses"][start:end])) for start, end in windows)
+        lines.append(f"| `{setting}` | {seed} | " + " | ".join(f"{mean:.3f}" for mean in means) + " |")
     return "\n".join(lines)
 
 
