@@ -5,7 +5,9 @@ CRF 30; H.264 only where the FFmpeg build has no AV1 encoder) and appended by st
 mp4, which rolls over at LeRobot's 200 MB. The frames are a drifting colour gradient plus a fine random texture
 that moves a few pixels a frame plus fresh per-frame sensor noise: not trivially compressible (about 40 KB a
 frame at 480x640, against ~2 KB for a smooth synthetic scene), so decoding costs what it costs on camera data.
-A finished dataset carries a `bench.json` marker with its parameters and is reused by later runs.
+The state and action are a random walk unrelated to the frames unless other `Signals` are asked for (the
+lossy-training measurement's actions are the camera's next views). A finished dataset carries a `bench.json` marker
+with its parameters and is reused by later runs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -70,14 +72,38 @@ class CameraDataset:
         return self.height * self.width * 3
 
 
-def ensure_camera_dataset(root: Path, size: CameraSize) -> CameraDataset:
+@dataclass(frozen=True)
+class Signals:
+    """What a camera dataset's `observation.state` and `action` hold: `rows(size, episode, first, length)` gives an
+    episode's (state, action), float32 arrays of `length` rows, the episode starting at the scene's frame `first`."""
+
+    name: str  # kept in the marker: a dataset of other signals is generated again
+    state_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+    rows: Callable[[CameraSize, int, int, int], tuple[np.ndarray, np.ndarray]]
+    stats: bool = False  # write meta/stats.json (LeRobot's `make_dataset` needs it for ImageNet camera statistics)
+
+
+def _random_walk(size: CameraSize, episode: int, first: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random walk of the joints as the state; the action is the next row's state."""
+    rng = np.random.default_rng([size.seed, 3, episode])
+    state = np.cumsum(rng.normal(0.0, 0.02, size=(length, JOINTS)), axis=0).astype(np.float32)
+    return state, np.roll(state, -1, axis=0)
+
+
+_JOINT_NAMES = tuple(f"joint_{i}" for i in range(JOINTS))
+RANDOM_WALK = Signals("random walk", _JOINT_NAMES, _JOINT_NAMES, _random_walk)
+
+
+def ensure_camera_dataset(root: Path, size: CameraSize, signals: Signals = RANDOM_WALK) -> CameraDataset:
     """The dataset `size` under `root`, generated unless an identical one is already there."""
     path = root / size.name
     marker = path / _MARKER
-    if not (marker.is_file() and json.loads(marker.read_text()).get("size") == asdict(size)):
+    wanted = {"size": asdict(size), "signals": signals.name}
+    if not (marker.is_file() and ({"signals": RANDOM_WALK.name} | json.loads(marker.read_text())) == wanted):
         shutil.rmtree(path, ignore_errors=True)
-        _write(path, size)
-        marker.write_text(json.dumps({"size": asdict(size)}))
+        _write(path, size, signals)
+        marker.write_text(json.dumps(wanted))
     return describe_camera_dataset(root, size.name)
 
 
@@ -127,6 +153,12 @@ class _Scene:
         return pixels.clip(0, 255).astype(np.uint8)
 
 
+def photo_view(i: int) -> tuple[float, float, float]:
+    """What `_PhotoScene` shows at frame `i`: (zoom, the share of the mosaic's height the view spans; top and left,
+    where the view lies between the mosaic's top or left edge, 0, and its bottom or right edge, 1)."""
+    return 0.55 + 0.25 * np.sin(i / 90), 0.5 + 0.5 * np.sin(i / 70), 0.5 + 0.5 * np.cos(i / 110)
+
+
 class _PhotoScene:
     """Camera-like content: a slow pan and zoom over a mosaic of scikit-image's bundled photographs, with fresh
     Gaussian sensor noise every frame (sigma 3 levels). Real textures and edges cost an encoder and a decoder what
@@ -146,11 +178,11 @@ class _PhotoScene:
 
     def frame(self, i: int) -> np.ndarray:
         full_h, full_w = self.mosaic.shape[:2]
-        zoom = 0.55 + 0.25 * np.sin(i / 90)  # share of the mosaic's height the view spans
+        zoom, top_share, left_share = photo_view(i)
         view_h = zoom * full_h
         view_w = min(view_h * self.width / self.height, full_w - 1)
-        top = (full_h - view_h) * (0.5 + 0.5 * np.sin(i / 70))
-        left = (full_w - view_w) * (0.5 + 0.5 * np.cos(i / 110))
+        top = (full_h - view_h) * top_share
+        left = (full_w - view_w) * left_share
         ys = top + (np.arange(self.height, dtype=np.float32) + 0.5) * view_h / self.height
         xs = left + (np.arange(self.width, dtype=np.float32) + 0.5) * view_w / self.width
         y0 = np.clip(ys.astype(np.int64), 0, full_h - 2)
@@ -197,7 +229,7 @@ def _encoded_episodes(size: CameraSize, lengths: list[int]) -> Iterator[bytes]:
             yield job.result()
 
 
-def _write(path: Path, size: CameraSize) -> None:
+def _write(path: Path, size: CameraSize, signals: Signals) -> None:
     from app.demo_video import ConcatenatedVideo
 
     lengths = _lengths(size)
@@ -221,27 +253,33 @@ def _write(path: Path, size: CameraSize) -> None:
     finally:
         if video is not None:
             video.close()
-    _write_data(path, size, lengths)
-    _write_meta(path, size, lengths, episodes)
+    vectors = _write_data(path, size, lengths, signals)
+    _write_meta(path, size, lengths, episodes, signals)
+    if signals.stats:
+        _write_stats(path, size, vectors)
 
 
-def _write_data(path: Path, size: CameraSize, lengths: list[int]) -> None:
+def _write_data(path: Path, size: CameraSize, lengths: list[int], signals: Signals) -> dict[str, np.ndarray]:
+    """The data file, one row group per episode; the state and action of every row."""
     out = path / DATA_PATH.format(chunk_index=0, file_index=0)
     out.parent.mkdir(parents=True, exist_ok=True)
-    vector = pa.list_(pa.float32(), JOINTS)
+    state_dims, action_dims = len(signals.state_names), len(signals.action_names)
     schema = pa.schema(
-        [pa.field(STATE, vector), pa.field(ACTION, vector), pa.field("timestamp", pa.float32())]
+        [pa.field(STATE, pa.list_(pa.float32(), state_dims)), pa.field(ACTION, pa.list_(pa.float32(), action_dims))]
+        + [pa.field("timestamp", pa.float32())]
         + [pa.field(name, pa.int64()) for name in ("frame_index", "episode_index", "index", "task_index")]
     )
     start = 0
+    vectors: dict[str, list[np.ndarray]] = {STATE: [], ACTION: []}
     with pq.ParquetWriter(out, schema) as writer:
         for episode, length in enumerate(lengths):
-            rng = np.random.default_rng([size.seed, 3, episode])
             frame = np.arange(length, dtype=np.int64)
-            state = np.cumsum(rng.normal(0.0, 0.02, size=(length, JOINTS)), axis=0).astype(np.float32)
+            state, action = signals.rows(size, episode, start, length)
+            vectors[STATE].append(state)
+            vectors[ACTION].append(action)
             columns = [
-                pa.FixedSizeListArray.from_arrays(pa.array(state.reshape(-1)), JOINTS),
-                pa.FixedSizeListArray.from_arrays(pa.array(np.roll(state, -1, axis=0).reshape(-1)), JOINTS),
+                pa.FixedSizeListArray.from_arrays(pa.array(state.reshape(-1)), state_dims),
+                pa.FixedSizeListArray.from_arrays(pa.array(action.reshape(-1)), action_dims),
                 pa.array((frame / FPS).astype(np.float32)),
                 pa.array(frame),
                 pa.array(np.full(length, episode, dtype=np.int64)),
@@ -250,6 +288,27 @@ def _write_data(path: Path, size: CameraSize, lengths: list[int]) -> None:
             ]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema))  # one row group per episode
             start += length
+    return {name: np.concatenate(parts) for name, parts in vectors.items()}
+
+
+def _write_stats(path: Path, size: CameraSize, vectors: dict[str, np.ndarray], every: int = 8) -> None:
+    """meta/stats.json as LeRobot writes it: each vector's min, max, mean, std and count over every row; the
+    camera's per-channel ones, in [0, 1], over every `every`-th frame of the scene (before encoding)."""
+    from app.demo_tables import image_stats
+
+    stats: dict[str, dict[str, Any]] = {}
+    for name, values in vectors.items():
+        stats[name] = {
+            "min": values.min(axis=0).tolist(),
+            "max": values.max(axis=0).tolist(),
+            "mean": values.mean(axis=0, dtype=np.float64).tolist(),
+            "std": values.std(axis=0, dtype=np.float64).tolist(),
+            "count": [len(values)],
+        }
+    scene = _scene(size)
+    frames = np.stack([scene.frame(i) for i in range(0, len(vectors[STATE]), every)])
+    stats[CAMERA] = {stat: values.tolist() for stat, values in image_stats(frames).items()}
+    (path / "meta/stats.json").write_text(json.dumps(stats, indent=4))
 
 
 def _episode_row(episode: int, length: int, start: int, file_index: int, from_s: float, to_s: float) -> dict[str, Any]:
@@ -271,17 +330,18 @@ def _episode_row(episode: int, length: int, start: int, file_index: int, from_s:
     }
 
 
-def _write_meta(path: Path, size: CameraSize, lengths: list[int], episodes: list[dict[str, Any]]) -> None:
+def _write_meta(
+    path: Path, size: CameraSize, lengths: list[int], episodes: list[dict[str, Any]], signals: Signals
+) -> None:
     from app.demo_video import Camera, video_feature
 
     (path / EPISODES_PATH).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(episodes), path / EPISODES_PATH)
     tasks = pa.table({"task_index": pa.array(range(len(TASKS)), pa.int64()), "task": pa.array(TASKS)})
     pq.write_table(tasks, path / "meta/tasks.parquet")
-    vector = {"dtype": "float32", "shape": [JOINTS], "names": [f"joint_{i}" for i in range(JOINTS)]}
     features: dict[str, Any] = {
-        STATE: vector,
-        ACTION: vector,
+        STATE: {"dtype": "float32", "shape": [len(signals.state_names)], "names": list(signals.state_names)},
+        ACTION: {"dtype": "float32", "shape": [len(signals.action_names)], "names": list(signals.action_names)},
         CAMERA: video_feature(Camera(CAMERA, size.height, size.width), FPS),
         "timestamp": {"dtype": "float32", "shape": [1], "names": None},
     }

@@ -150,11 +150,17 @@ def _on_demand() -> dict[str, str]:
 
 
 def _warm(ctx: Context, dataset: CameraDataset, cache: Path, tier: str) -> int:
-    """Build the dataset's frame segments of `tier` into `cache` (once: a later run reuses them); their bytes."""
+    return warm_tier(dataset, cache, tier, ctx.logs / "p16-warm.log")
+
+
+def warm_tier(dataset: CameraDataset, cache: Path, tier: str, log_path: Path) -> int:
+    """Build the dataset's frame segments of `tier` into `cache` with `episerve-server warm DATASET --videos` (once:
+    a later run reuses them), its output appended to `log_path`; the segments' bytes."""
     command = [sys.executable, "-m", "app.cli", "warm", dataset.name, "--videos"]
     command += ["--root", str(dataset.root), "--cache-dir", str(cache)]
     env = _clean_env({"EPISERVE_VIDEO_FRAME_TIER": tier})
-    with open(ctx.logs / "p16-warm.log", "ab") as log:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
         subprocess.run(command, cwd=app_dir(), env=env, stdout=log, stderr=log, check=True)
     return sum(path.stat().st_size for path in cache.rglob("frames/*.arrow"))
 
