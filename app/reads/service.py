@@ -419,6 +419,9 @@ class _RowReferencePlan(_Plan):
             return self.values.decide()
         return self.read.answerable_from_maps(RowsNeeded(self.values.rows, self.values.prepared.stored, False))
 
+    def videos_at_hand(self) -> None:
+        self.values.videos_at_hand()  # the values' answer may be given instead
+
     def answer(self) -> Answer:
         if self.referable:
             references = self.read.row_references(self.values.rows, self.values.prepared.stored)

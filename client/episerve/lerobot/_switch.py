@@ -93,16 +93,22 @@ class ServedLeRobotDatasetMetadata(RemoteLeRobotDatasetMetadata):
     """`LeRobotDatasetMetadata` with LeRobot's signature, served by the switched server. A `repo_id` naming several
     datasets (`"mixture:NAME"`, `"[a,b]"`) makes the mixture's metadata, a `RemoteLeRobotMixtureMetadata`."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        arguments = inspect.signature(cls.__init__).bind_partial(None, *args, **kwargs).arguments
-        repo_id = arguments.get("repo_id")
+    def __new__(
+        cls,
+        repo_id: str,
+        root: str | os.PathLike[str] | None = None,
+        revision: str | None = None,
+        force_cache_sync: bool = False,
+        metadata_buffer_size: int = 10,
+    ) -> Any:
         if not is_mixture_repo(repo_id):
             return super().__new__(cls)
         client = _client()
         mixture, label, _ = lerobot_mixture(client, repo_id)
-        return RemoteLeRobotMixtureMetadata(
-            client, mixture, label, root=arguments.get("root"), revision=arguments.get("revision")
-        )
+        return RemoteLeRobotMixtureMetadata(client, mixture, label, root=root, revision=revision)
+
+    def __getnewargs__(self) -> tuple[str]:
+        return (self.repo_id,)  # pickle (spawned DataLoader workers) passes it to `__new__`
 
     def __init__(
         self,
