@@ -153,7 +153,7 @@ class ViewRead:
         dataset's files are fetched as reads need them (from the Hub), those not there yet are fetched, all at once,
         and the read is answered 503 with the progress meanwhile, so an answer sent in pieces is never cut short by
         a file missing midway. A quick read found every frame in a mapped segment already."""
-        if self.may_block and rows.cameras and rows.count:
+        if self.dataset.supply.fetches and self.may_block and rows.cameras and rows.count:
             self.dataset.supply.at_hand(set().union(*self.video_files(rows).values()))
 
     # -- segments ------------------------------------------------------------------------------------------------

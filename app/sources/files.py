@@ -24,6 +24,8 @@ VIDEO_READ_BYTES = 1 << 20  # a decoder's small reads become ranged GETs of this
 class FileSupply(Protocol):
     """How a dataset's files come to be there to open."""
 
+    fetches: bool  # whether any file may be missing (False: `at_hand` never waits, and reads skip listing files)
+
     def at_hand(self, rels: Collection[str]) -> None:
         """Return once every file of `rels` (paths relative to the dataset) can be opened; else start fetching all
         those that are not there yet, at once, in the background, and raise `TryLater` (a 503 with the progress)."""
@@ -37,6 +39,8 @@ class FileSupply(Protocol):
 
 class _AllThere:
     """The supply of a local directory or an object store: every file is there."""
+
+    fetches = False
 
     def at_hand(self, rels: Collection[str]) -> None:
         return None

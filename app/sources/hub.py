@@ -131,6 +131,8 @@ class HubSnapshot:
     and the fetches under way. Once ready (its metadata and data files there), the dataset's `FileSupply`: a camera's
     video file is fetched when a read needs it."""
 
+    fetches = True
+
     def __init__(self, repo_id: str, revision: str, directory: Path, records: Path, pool: ThreadPoolExecutor) -> None:
         self.repo_id = repo_id
         self.revision = revision
