@@ -5,6 +5,7 @@ sends JPEG bytes the client decodes to the same pixels, through a DataLoader wit
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from pathlib import Path
 
@@ -304,3 +305,63 @@ def test_encoded_frames_are_the_same_bytes_cold_and_from_the_jpeg_segments(video
         warm = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content)  # the segment's bytes
     assert cold[TOP_CAMERA].to_pylist() == warm[TOP_CAMERA].to_pylist()
     assert cold.schema.field(TOP_CAMERA).metadata == warm.schema.field(TOP_CAMERA).metadata
+
+
+def test_segments_of_both_tiers_are_evicted_least_recently_used_first_under_one_budget(tmp_path: Path) -> None:
+    """A raw and a JPEG dataset share one video cache budget: a raw build evicts the JPEG segment used least
+    recently (not the raw one used after it), a JPEG build evicts the raw segment used least recently; the budget
+    holds throughout and every answer equals its oracle, exact or round-tripped, wherever its frames come from."""
+    root = tmp_path / "root"
+    for name, seed in (("raw-cams", 61), ("jpeg-cams", 62)):  # one camera, one file per episode
+        write_demo_dataset(root / name, format="v2.1", episodes=3, seed=seed, cameras={TOP_CAMERA: (64, 96)})
+    files = [(name, episode) for name in ("raw-cams", "jpeg-cams") for episode in range(3)]
+    tiers = {"EPISERVE_VIDEO_FRAME_TIER": "jpeg:100,raw-cams=raw"}
+
+    def read(http: httpx.Client, name: str, episode: int) -> None:
+        params = {"episodes": str(episode), "columns": ",".join([*ROWS, TOP_CAMERA])}
+        table = read_stream(http.get(f"/datasets/{name}/rows", params=params).content)
+        reference = exact(root / name, TOP_CAMERA, table)
+        wanted = reference if name == "raw-cams" else jpeg_round_trip(reference, 100)
+        assert table.num_rows > 0 and np.array_equal(pixels(table, TOP_CAMERA), wanted), (name, episode)
+
+    def resident(cache: Path) -> dict[tuple[str, int], int]:
+        """(dataset, episode) -> bytes, of every published frame segment."""
+        found = {}
+        for sidecar in cache.rglob("frames/*.json"):
+            name = sidecar.parent.parent.name.rpartition("-")[0]  # the directory is NAME-HASH
+            path = orjson.loads(sidecar.read_bytes())["source"]["path"]  # .../episode_000002.mp4
+            found[name, int(Path(path).stem.rpartition("_")[2])] = sidecar.with_suffix(".arrow").stat().st_size
+        return found
+
+    # The segments' sizes, built without a budget.
+    unbounded = tmp_path / "unbounded"
+    with ServerProcess([root], unbounded, env=tiers) as server, server.client() as http:
+        for key in files:
+            read(http, *key)
+        eventually(lambda: len(resident(unbounded)) == len(files), 120)
+    size = resident(unbounded)
+    raw0, raw1, raw2 = (size["raw-cams", e] for e in range(3))
+    jpeg0, jpeg1 = size["jpeg-cams", 0], size["jpeg-cams", 1]
+    assert max(jpeg0, jpeg1) < min(raw0, raw1, raw2) / 2  # the JPEG tier keeps a fraction of raw
+    # Room for raw 0, JPEG 1 and raw 1 with a margin below what JPEG 0 (or JPEG 2, estimated at a quarter of raw
+    # above quality 95) would add: each build past it evicts exactly one segment.
+    budget = raw0 + jpeg1 + raw1 + min(jpeg0, raw2 // 4) // 2
+    uses = [
+        (("jpeg-cams", 0), set()),
+        (("raw-cams", 0), set()),
+        (("jpeg-cams", 1), set()),
+        (("raw-cams", 1), {("jpeg-cams", 0)}),  # a raw build evicts the least recently used: a JPEG segment
+        (("jpeg-cams", 2), {("jpeg-cams", 0), ("raw-cams", 0)}),  # a JPEG build evicts a raw one
+    ]
+    cache = tmp_path / "cache"
+    env = tiers | {"EPISERVE_VIDEO_CACHE_BYTES": str(budget)}
+    with ServerProcess([root], cache, env=env) as server, server.client() as http:
+        for step, (key, evicted) in enumerate(uses):
+            read(http, *key)
+            eventually(lambda key=key: key in resident(cache), 60)  # built in the background
+            used_so_far = {k for k, _ in uses[: step + 1]}
+            assert set(resident(cache)) == used_so_far - evicted, key
+            assert sum(resident(cache).values()) <= budget
+            time.sleep(0.05)  # distinct modification times: the order of use is the order of reads
+        for key, _ in uses:  # every answer is still right, from a segment or decoded again
+            read(http, *key)
