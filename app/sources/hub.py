@@ -2,7 +2,9 @@
 
 A Hub dataset is configured (`EPISERVE_HUB=lerobot/pusht@main,...`) or, where the operator allows it
 (`EPISERVE_HUB_ALLOW=lerobot/*`), named by a client on first use. Its revision is resolved to a commit once, at first
-use (a moving branch is re-resolved only at the server's next start), and its files are downloaded by
+use, and pinned in the cache directory (`app.sources.hub_pins`): every process using the cache serves that commit,
+restarts included, and a moving branch is resolved again only when the operator asks (`episerve-server hub
+refresh`). Its files are downloaded by
 `huggingface_hub` into LeRobot's own place for them, `$HF_LEROBOT_HOME/<repo id>` (default
 `$HF_HOME/lerobot/<repo id>`), so LeRobot and episerve never download a file twice.
 
