@@ -343,6 +343,8 @@ class HubSnapshot:
             self.commit = pin.commit
             self.pinned_at = pin.pinned_at
             info = resolved[0] if resolved else api.dataset_info(self.repo_id, revision=pin.commit, files_metadata=True)
+        except ProblemError:  # another process resolving for too long
+            raise
         except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as exc:
             raise self._problem(exc) from exc
         except Exception as exc:  # offline (HF_HUB_OFFLINE=1) or unreachable: what is there may do
