@@ -73,13 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     hub_actions = hub.add_subparsers(dest="action", required=True)
     pins = hub_actions.add_parser("pins", help="show the commit each Hub dataset is pinned at")
-    _add_location_flags(pins)
+    pins.add_argument("--cache-dir", type=Path, help="the servers' cache directory (EPISERVE_CACHE_DIR)")
     refresh = hub_actions.add_parser(
         "refresh",
         help="resolve Hub datasets' revisions again and pin the commits they name now; servers using this cache "
         "directory serve them from their next start",
     )
-    _add_location_flags(refresh)
+    refresh.add_argument("--cache-dir", type=Path, help="the servers' cache directory (EPISERVE_CACHE_DIR)")
     refresh.add_argument(
         "repos",
         nargs="*",
@@ -120,24 +120,25 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = Settings()
-        catalog = Catalog(settings, resolve_roots(settings))  # fail fast on a bad configuration
+        if args.command != "hub":  # the pins need no roots
+            catalog = Catalog(settings, resolve_roots(settings))  # fail fast on a bad configuration
     except (ValidationError, ConfigurationError, OSError) as exc:
         print(f"episerve-server: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    if args.command == "hub":
+        return _hub(settings, args)
     if args.command == "warm":
         return _warm(catalog, args)
     if args.command == "verify":
         return _verify(catalog, args)
     if args.command == "cache":
         return _cache(catalog, settings, args)
-    if args.command == "hub":
-        return _hub(catalog, args)
     return _serve(settings)
 
 
 def _export_flags(args: argparse.Namespace) -> None:
     overrides = {
-        "EPISERVE_ROOTS": os.pathsep.join(str(p) for p in args.root) if args.root else None,
+        "EPISERVE_ROOTS": os.pathsep.join(str(p) for p in args.root) if getattr(args, "root", None) else None,
         "EPISERVE_CACHE_DIR": args.cache_dir,
         "EPISERVE_HOST": getattr(args, "host", None),
         "EPISERVE_PORT": getattr(args, "port", None),
@@ -389,13 +390,16 @@ def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> in
     return 0
 
 
-def _hub(catalog: Catalog, args: argparse.Namespace) -> int:
+def _hub(settings: Settings, args: argparse.Namespace) -> int:
     from app.errors import ProblemError
+    from app.sources.hub import HubDatasets, parse_hub_datasets
 
-    hub = catalog.hub
+    hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow, settings.cache_dir)
     if args.action == "pins":
         for pin in hub.pins.all():
             print(f"{pin.repo_id}@{pin.revision}: commit {pin.commit} (pinned {pin.pinned_at})")
+        if not hub.pins.all():
+            print(f"no Hub dataset is pinned in {hub.pins.directory}")
         return 0
     entries = args.repos or [pin.repo_id for pin in hub.pins.all()]
     if not entries:

@@ -334,7 +334,18 @@ def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
     hub.repos["cams/warm"].commit(dataset)
     env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB_ALLOW="cams/*")
     cache = tmp_path / "cache"
-    warmed = cli(env, "warm", "cams/warm", "--episodes", "2", "--videos", "--cache-dir", str(cache))
+    warmed = cli(
+        env,
+        "warm",
+        "cams/warm",
+        "--episodes",
+        "2",
+        "--videos",
+        "--root",
+        str(empty_root(tmp_path)),
+        "--cache-dir",
+        str(cache),
+    )
     assert warmed.returncode == 0, warmed.stderr
     assert "downloading cams/warm (metadata and data)" in warmed.stderr  # the progress bars
     assert "downloading cams/warm videos" in warmed.stderr
