@@ -396,9 +396,10 @@ def _hub(settings: Settings, args: argparse.Namespace) -> int:
 
     hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow, settings.cache_dir)
     if args.action == "pins":
-        for pin in hub.pins.all():
+        pins = hub.pins.all()
+        for pin in pins:
             print(f"{pin.repo_id}@{pin.revision}: commit {pin.commit} (pinned {pin.pinned_at})")
-        if not hub.pins.all():
+        if not pins:
             print(f"no Hub dataset is pinned in {hub.pins.directory}")
         return 0
     entries = args.repos or [pin.repo_id for pin in hub.pins.all()]
@@ -409,7 +410,7 @@ def _hub(settings: Settings, args: argparse.Namespace) -> int:
     for entry in entries:
         try:
             before, now = hub.refresh(entry)
-        except (ProblemError, ValueError) as exc:
+        except (ProblemError, ValueError, OSError) as exc:  # OSError: the cache directory cannot be written
             print(f"episerve-server hub refresh: {getattr(exc, 'detail', exc)}", file=sys.stderr)
             failed += 1
             continue
