@@ -3,7 +3,9 @@
 downloaded (the pinned commit shown), and a camera's video file is fetched when a read first needs it — a cold read
 of one episode downloads that episode's video files and no other — with the progress in `/cache` and the log. Rows
 and frames equal the files'; `RemoteLeRobotDataset` and `EpisodeDataset` through DataLoader workers need no manual
-step, and the client waits out a download that moves however long it takes. Unknown repos, missing revisions, gated
+step, and the client waits out a download that moves however long it takes. The commit a revision names is pinned:
+a restart and every worker of a server serve it though the branch moves, until the operator's `hub refresh`; `warm`
+downloads a Hub dataset's files ahead of the first read. Unknown repos, missing revisions, gated
 repos without a token, repos the server may not fetch, a failing Hub, a connection dropped mid-download and a corrupt
 download are each a clear problem, nothing half-downloaded or corrupt is served, and a retry later succeeds; offline,
 what is downloaded is served."""
