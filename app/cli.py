@@ -7,6 +7,7 @@ environment, since each uvicorn worker builds its app from it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import shlex
@@ -14,6 +15,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +68,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_location_flags(prune)
 
+    hub = commands.add_parser(
+        "hub", help="the commits Hub datasets are pinned at: `pins` (show them) or `refresh` (resolve them again)"
+    )
+    hub_actions = hub.add_subparsers(dest="action", required=True)
+    pins = hub_actions.add_parser("pins", help="show the commit each Hub dataset is pinned at")
+    pins.add_argument("--cache-dir", type=Path, help="the servers' cache directory (EPISERVE_CACHE_DIR)")
+    refresh = hub_actions.add_parser(
+        "refresh",
+        help="resolve Hub datasets' revisions again and pin the commits they name now; servers using this cache "
+        "directory serve them from their next start",
+    )
+    refresh.add_argument("--cache-dir", type=Path, help="the servers' cache directory (EPISERVE_CACHE_DIR)")
+    refresh.add_argument(
+        "repos",
+        nargs="*",
+        metavar="OWNER/NAME[@REVISION]",
+        help="repo ids (revision: the one given, else EPISERVE_HUB's, else the one pinned, else main; default: every "
+        "pinned repo)",
+    )
+
     demo = commands.add_parser("demo", help="write a LeRobot-format demo dataset")
     demo.add_argument("--out", type=Path, required=True, help="directory to create (must not exist or be empty)")
     demo.add_argument(
@@ -98,10 +120,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = Settings()
-        catalog = Catalog(settings, resolve_roots(settings))  # fail fast on a bad configuration
+        if args.command != "hub":  # the pins need no roots
+            catalog = Catalog(settings, resolve_roots(settings))  # fail fast on a bad configuration
     except (ValidationError, ConfigurationError, OSError) as exc:
         print(f"episerve-server: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    if args.command == "hub":
+        return _hub(settings, args)
     if args.command == "warm":
         return _warm(catalog, args)
     if args.command == "verify":
@@ -113,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export_flags(args: argparse.Namespace) -> None:
     overrides = {
-        "EPISERVE_ROOTS": os.pathsep.join(str(p) for p in args.root) if args.root else None,
+        "EPISERVE_ROOTS": os.pathsep.join(str(p) for p in args.root) if getattr(args, "root", None) else None,
         "EPISERVE_CACHE_DIR": args.cache_dir,
         "EPISERVE_HOST": getattr(args, "host", None),
         "EPISERVE_PORT": getattr(args, "port", None),
@@ -220,14 +245,22 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     from app.reads.service import files_needed
     from app.store.warming import warm, warm_videos
 
-    if args.dataset not in catalog.ids():
+    from_hub = args.dataset not in catalog.ids() and catalog.hub.offers(args.dataset)
+    if args.dataset not in catalog.ids() and not from_hub:
         print(f"episerve-server warm: {unknown_dataset(catalog, args.dataset)}", file=sys.stderr)
         return 2
     try:
+        if from_hub:
+            with _download_bar(f"downloading {args.dataset} (metadata and data)") as progress:
+                catalog.hub.prepare(args.dataset, progress)
         dataset = catalog.get(args.dataset)
         ranges = parse_episode_spec(args.episodes, 10**9) if args.episodes else None
         needed = files_needed(dataset, ranges)
         videos = video_files_needed(dataset, ranges) if args.videos else []
+        if videos and dataset.supply.fetches:
+            with _download_bar(f"downloading {dataset.id} videos") as progress:
+                files, nbytes = dataset.supply.fetch_now([path for path, _ in videos], progress)
+            print(f"{dataset.id}: {len(videos)} video files needed, {files} downloaded ({nbytes / 1e6:.1f} MB)")
     except ProblemError as exc:
         print(f"episerve-server warm: {exc.detail}", file=sys.stderr)
         return 2
@@ -251,6 +284,20 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
         print(f"{dataset.id}: {len(videos)} video files needed, {built} decoded, {cached} already cached", end="")
         print(f", {too_large} larger than EPISERVE_VIDEO_CACHE_BYTES (decoded on demand)" if too_large else "")
     return 0
+
+
+@contextlib.contextmanager
+def _download_bar(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar of bytes downloaded, and the `progress(bytes done, bytes)` that moves it."""
+    from tqdm import tqdm
+
+    with tqdm(unit="B", unit_scale=True, desc=description) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        yield progress
 
 
 def _projected_frames(dataset_id: str, projected: dict[str, Any]) -> str:
@@ -341,6 +388,42 @@ def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> in
         print(f"skipped {dataset_id}: cannot read the dataset ({problem})", file=sys.stderr)
     print(f"{len(cleanup.removed)} files removed, {cleanup.nbytes} bytes freed ({cleanup.nbytes / 2**20:.1f} MiB)")
     return 0
+
+
+def _hub(settings: Settings, args: argparse.Namespace) -> int:
+    from app.errors import ProblemError
+    from app.sources.hub import HubDatasets, parse_hub_datasets
+
+    hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow, settings.cache_dir)
+    if args.action == "pins":
+        pins = hub.pins.all()
+        for pin in pins:
+            print(f"{pin.repo_id}@{pin.revision}: commit {pin.commit} (pinned {pin.pinned_at})")
+        if not pins:
+            print(f"no Hub dataset is pinned in {hub.pins.directory}")
+        return 0
+    entries = args.repos or [pin.repo_id for pin in hub.pins.all()]
+    if not entries:
+        print("episerve-server hub refresh: no Hub dataset is pinned yet; name one (OWNER/NAME[@REVISION])")
+        return 0
+    failed = 0
+    for entry in entries:
+        try:
+            before, now = hub.refresh(entry)
+        except (ProblemError, ValueError, OSError) as exc:  # OSError: the cache directory cannot be written
+            print(f"episerve-server hub refresh: {getattr(exc, 'detail', exc)}", file=sys.stderr)
+            failed += 1
+            continue
+        if before is None:
+            change = "pinned"
+        elif before.commit == now.commit and before.revision == now.revision:
+            change = "unchanged"
+        else:
+            change = f"was {before.revision} at {before.commit}"
+        print(f"{now.repo_id}@{now.revision}: commit {now.commit} ({change})")
+    if not failed:
+        print("servers using this cache directory serve the pinned commits from their next start")
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

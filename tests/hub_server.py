@@ -12,8 +12,8 @@ As on the Hub, parquet and mp4 files are LFS files. Errors carry `X-Error-Code` 
 `RevisionNotFound`, `EntryNotFound`, `GatedRepo`), which `huggingface_hub.utils.hf_raise_for_status` turns into its
 typed errors. Faults for tests: a gated repo (403 unless the request carries its token), a file whose next download is
 cut midway or corrupted (same size, one byte changed), files whose downloads fail with a 500 until told otherwise, and
-repos whose downloads are slow.
-`fetched` logs every GET of a file, as (repo id, path).
+repos whose downloads are slow, and a branch that moves to a new commit right after it is first resolved.
+`fetched` logs every GET of a file, as (repo id, path); `resolves` every repo info request, as (repo id, revision).
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ class FakeHub:
         self.refusing: set[str] = set()  # paths whose downloads (GET) fail with a 500 until removed
         self.delays: dict[str, float] = {}  # repo id -> seconds every GET of one of its files waits first
         self.fetched: list[tuple[str, str]] = []  # (repo id, path) of every GET of a file, in order
+        self.resolves: list[tuple[str, str]] = []  # (repo id, revision asked) of every repo info request, in order
+        self.move_after_resolve: dict[str, Path] = {}  # repo id -> a new commit of its branch, once one is resolved
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = Starlette(
@@ -104,6 +106,10 @@ class FakeHub:
         if isinstance(found, Response):
             return found
         repo_id, repo, sha, files = found
+        revision = request.path_params["revision"]
+        self.resolves.append((repo_id, revision))
+        if revision in repo.branches and repo_id in self.move_after_resolve:  # the branch moves right after
+            repo.commit(self.move_after_resolve.pop(repo_id), branch=revision)
         blobs = request.query_params.get("blobs", "").lower() == "true"
         siblings = [_sibling(path, content) if blobs else {"rfilename": path} for path, content in files.items()]
         return JSONResponse(

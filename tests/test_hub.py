@@ -3,7 +3,9 @@
 downloaded (the pinned commit shown), and a camera's video file is fetched when a read first needs it — a cold read
 of one episode downloads that episode's video files and no other — with the progress in `/cache` and the log. Rows
 and frames equal the files'; `RemoteLeRobotDataset` and `EpisodeDataset` through DataLoader workers need no manual
-step, and the client waits out a download that moves however long it takes. Unknown repos, missing revisions, gated
+step, and the client waits out a download that moves however long it takes. The commit a revision names is pinned:
+a restart and every worker of a server serve it though the branch moves, until the operator's `hub refresh`; `warm`
+downloads a Hub dataset's files ahead of the first read. Unknown repos, missing revisions, gated
 repos without a token, repos the server may not fetch, a failing Hub, a connection dropped mid-download and a corrupt
 download are each a clear problem, nothing half-downloaded or corrupt is served, and a retry later succeeds; offline,
 what is downloaded is served."""
@@ -11,6 +13,9 @@ what is downloaded is served."""
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +30,7 @@ import episerve
 from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA, WRIST_CAMERA
 from tests.hub_server import FakeHub, HubRepo
-from tests.support import ServerProcess
+from tests.support import ROOT, ServerProcess, eventually
 from tests.test_errors import assert_problem
 from tests.video_oracle import episode_video, frames_for_rows
 
@@ -242,6 +247,123 @@ def test_remote_lerobot_dataset_and_episode_datasets_in_dataloader_workers_read_
         seen += len(rows)
     assert seen == len(episodes)
     assert {p for p in fetched(hub, "cams/loader") if p.startswith("videos/")} == videos_of(dataset, [0, 2, 5, 7])
+
+
+# -- the pinned commit ---------------------------------------------------------------------------------------------
+
+
+def moving_branch(hub: FakeHub, repo_id: str, tmp_path: Path) -> tuple[HubRepo, Path, Path]:
+    """A repo whose `main` is a first dataset (4 episodes), and a second dataset to move it to (6 other episodes)."""
+    first = write_demo_dataset(tmp_path / "first" / "moving", format="v3.0", episodes=4, seed=1, cameras={})
+    second = write_demo_dataset(tmp_path / "second" / "moving", format="v2.1", episodes=6, seed=2, cameras={})
+    repo = hub.repos[repo_id] = HubRepo()
+    repo.commit(first)
+    return repo, first, second
+
+
+def served(server: ServerProcess, repo_id: str) -> tuple[str, pa.Table]:
+    """(the commit `/datasets/<id>` shows, every row) of a Hub dataset, through a fresh connection."""
+    with server.client() as http:
+        described = ready(http, repo_id)
+    assert described.status_code == 200, described.text
+    with episerve.Client(server.url) as client:
+        return described.json()["hub"]["commit"], client.rows(repo_id, columns=COLUMNS)
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`episerve-server ARGS` in its own process (huggingface_hub reads `HF_ENDPOINT` as it is imported)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EPISERVE_")} | env
+    command = [sys.executable, "-m", "app.cli", *args]
+    return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+
+
+def test_the_pinned_commit_outlives_a_restart_and_moves_only_when_the_operator_refreshes_it(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    repo, first, second = moving_branch(hub, "lerobot/moving", tmp_path)
+    old = repo.branches["main"]
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/moving")
+    cache = tmp_path / "cache"
+    with ServerProcess([empty_root(tmp_path)], cache, env=env) as server:
+        commit, rows = served(server, "lerobot/moving")
+    assert commit == old and rows.equals(expected_rows(first, [0, 1, 2, 3]))
+    new = repo.commit(second)  # the branch moves on the Hub
+    with ServerProcess([empty_root(tmp_path)], cache, env=env) as server:
+        commit, rows = served(server, "lerobot/moving")
+    assert commit == old and rows.equals(expected_rows(first, [0, 1, 2, 3]))  # restarted: still the pinned commit
+    assert cli(env, "hub", "pins", "--cache-dir", str(cache)).stdout.startswith(f"lerobot/moving@main: commit {old}")
+
+    refreshed = cli(env, "hub", "refresh", "lerobot/moving", "--cache-dir", str(cache))
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert f"lerobot/moving@main: commit {new} (was main at {old})" in refreshed.stdout
+    with ServerProcess([empty_root(tmp_path)], cache, env=env) as server:
+        commit, rows = served(server, "lerobot/moving")
+    assert commit == new and rows.equals(expected_rows(second, [0, 1, 2, 3, 4, 5]))  # and the old commit's files gone
+    local = tmp_path / "hf" / "lerobot" / "lerobot" / "moving"
+    files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file() and ".cache" not in p.parts}
+    assert files == before_serving(second)
+
+    unknown = cli(env, "hub", "refresh", "lerobot/moving@v9", "--cache-dir", str(cache))
+    assert unknown.returncode == 2 and "has no revision 'v9'" in unknown.stderr
+    assert cli(env, "hub", "pins", "--cache-dir", str(cache)).stdout.startswith(f"lerobot/moving@main: commit {new}")
+
+
+def test_every_worker_serves_the_commit_the_first_resolve_pinned_though_the_branch_moves_right_after(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    repo, first, second = moving_branch(hub, "lerobot/workers", tmp_path)
+    old = repo.branches["main"]
+    hub.move_after_resolve["lerobot/workers"] = second  # a worker resolving `main` after the first finds a new commit
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="lerobot/workers", EPISERVE_LOG_LEVEL="info")
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", workers=2, env=env) as server:
+        eventually(lambda: len(server.worker_pids()) == 2, seconds=60)
+        eventually(lambda: server.log_path.read_text().count("Hub dataset lerobot/workers@main is commit") == 2, 60)
+        assert repo.branches["main"] != old  # the branch did move, right after the first resolve
+        # `main` was resolved once; the other worker asked the Hub for the pinned commit's files only.
+        assert [revision for repo_id, revision in hub.resolves if repo_id == "lerobot/workers"] == ["main", old]
+        log = server.log_path.read_text()
+        assert log.count(f"Hub dataset lerobot/workers@main is commit {old}") == 2
+        for _ in range(6):  # fresh connections, answered by either worker
+            commit, rows = served(server, "lerobot/workers")
+            assert commit == old and rows.equals(expected_rows(first, [0, 1, 2, 3]))
+
+
+def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
+    hub: FakeHub, video_root: Path, tmp_path: Path
+) -> None:
+    dataset = video_root / "cams-v3"
+    hub.repos["cams/warm"] = HubRepo()
+    hub.repos["cams/warm"].commit(dataset)
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB_ALLOW="cams/*")
+    cache = tmp_path / "cache"
+    warmed = cli(
+        env,
+        "warm",
+        "cams/warm",
+        "--episodes",
+        "2",
+        "--videos",
+        "--root",
+        str(empty_root(tmp_path)),
+        "--cache-dir",
+        str(cache),
+    )
+    assert warmed.returncode == 0, warmed.stderr
+    assert "downloading cams/warm (metadata and data)" in warmed.stderr  # the progress bars
+    assert "downloading cams/warm videos" in warmed.stderr
+    videos = videos_of(dataset, [2])
+    assert f"cams/warm: {len(videos)} video files needed, {len(videos)} downloaded" in warmed.stdout
+    assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)
+    columns = ["episode_index", "frame_index", *CAMERAS]
+    with ServerProcess([empty_root(tmp_path)], cache, env=env) as server:
+        with episerve.Client(server.url) as client:  # it waits out the revision's lookup at first use
+            table = client.rows("cams/warm", episodes=[2], columns=columns)
+        with server.client() as http:
+            progress = http.get("/datasets/cams/warm/cache").json()["hub"]
+    assert progress["files_done"] == len(before_serving(dataset) | videos) and progress["fetching"]["files"] == 0
+    assert table.num_rows == len(expected_rows(dataset, [2]))
+    assert_frames(table, dataset, CAMERAS)
+    assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)  # nothing fetched again
 
 
 # -- problems ----------------------------------------------------------------------------------------------------

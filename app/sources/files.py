@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -31,6 +31,11 @@ class FileSupply(Protocol):
         those that are not there yet, at once, in the background, and raise `TryLater` (a 503 with the progress)."""
         ...
 
+    def fetch_now(self, rels: Collection[str], progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+        """Fetch every file of `rels` that is not there yet and wait for them (`warm`), calling `progress(bytes done,
+        bytes)` as they come: (files, bytes) fetched."""
+        ...
+
     def describe(self) -> dict[str, Any] | None:
         """Where the files come from and how their fetching stands, for `GET /datasets/{id}` and `/cache` (None:
         nothing to say)."""
@@ -44,6 +49,9 @@ class _AllThere:
 
     def at_hand(self, rels: Collection[str]) -> None:
         return None
+
+    def fetch_now(self, rels: Collection[str], progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+        return 0, 0
 
     def describe(self) -> dict[str, Any] | None:
         return None

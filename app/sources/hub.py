@@ -2,7 +2,9 @@
 
 A Hub dataset is configured (`EPISERVE_HUB=lerobot/pusht@main,...`) or, where the operator allows it
 (`EPISERVE_HUB_ALLOW=lerobot/*`), named by a client on first use. Its revision is resolved to a commit once, at first
-use (a moving branch is re-resolved only at the server's next start), and its files are downloaded by
+use, and pinned in the cache directory (`app.sources.hub_pins`): every process using the cache serves that commit,
+restarts included, and a moving branch is resolved again only when the operator asks (`episerve-server hub
+refresh`). Its files are downloaded by
 `huggingface_hub` into LeRobot's own place for them, `$HF_LEROBOT_HOME/<repo id>` (default
 `$HF_HOME/lerobot/<repo id>`), so LeRobot and episerve never download a file twice.
 
@@ -26,7 +28,7 @@ import fnmatch
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from pathlib import Path
@@ -35,6 +37,7 @@ from typing import Any
 from app.errors import DatasetError, DoesNotExist, ProblemError, TryLater
 from app.sources.files import ALL_THERE, DatasetPath, FileSupply
 from app.sources.hub_files import CheckedFiles, FileFetch, HubFile, download, human_bytes
+from app.sources.hub_pins import Pin, RevisionPins
 
 log = logging.getLogger("episerve.hub")
 
@@ -43,6 +46,9 @@ DOWNLOADS = 4  # files downloaded at once, per server process
 RETRY_AFTER_S = 1
 PROGRESS_HEADER = "X-Download-Progress"  # `<bytes done>/<bytes>` of the files a 503 waits for: fewer left, moving
 _SHOWN = 20  # files listed by name in a progress report
+_REPORT_S = 0.25  # how often a fetch waited for (`warm`) reports its progress
+
+Progress = Callable[[int, int], None]  # called with (bytes done, bytes) of the files waited for
 
 
 class NotAllowed(ProblemError):
@@ -64,13 +70,14 @@ def parse_hub_datasets(entries: list[str]) -> dict[str, str]:
 
 
 class HubDatasets:
-    """The Hub datasets a server may serve, and their snapshots (one per repo and process). `records`: where checks
-    of downloaded files are recorded (below the server's cache directory)."""
+    """The Hub datasets a server may serve, and their snapshots (one per repo and process). Below the server's cache
+    directory `cache_dir`: `hub/` records the checks of downloaded files, `hub-pins/` the commit each is served at."""
 
-    def __init__(self, configured: dict[str, str], allow: list[str], records: Path) -> None:
+    def __init__(self, configured: dict[str, str], allow: list[str], cache_dir: Path) -> None:
         self.configured = configured
         self.allow = allow
-        self.records = records
+        self.records = cache_dir / "hub"
+        self.pins = RevisionPins(cache_dir / "hub-pins")
         self._snapshots: dict[str, HubSnapshot] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -112,15 +119,53 @@ class HubDatasets:
             return snapshot
         return ALL_THERE
 
+    def refresh(self, entry: str) -> tuple[Pin | None, Pin]:
+        """Resolve a Hub dataset's revision again and pin the commit it names now (the operator's
+        `episerve-server hub refresh`): (the pin before, the pin now). `entry` is `OWNER/NAME[@REVISION]`; without a
+        revision, the configured one, else the one pinned, else `main`. Servers using this cache directory serve the
+        new commit from their next start."""
+        from huggingface_hub import HfApi
+
+        repo_id = next(iter(parse_hub_datasets([entry])))
+        revision = entry.partition("@")[2] or self.configured.get(repo_id)
+        if not revision:
+            pinned = self.pins.read(repo_id)
+            revision = pinned.revision if pinned is not None else "main"
+        try:
+            return self.pins.refresh(repo_id, revision, lambda: HfApi().dataset_info(repo_id, revision=revision).sha)
+        except Exception as exc:
+            raise hub_problem(exc, repo_id, revision) from exc
+
+    def prepare(self, repo_id: str, progress: Progress | None = None) -> Path:
+        """The local directory of `repo_id` once its metadata and data files are there, waited for (`warm`), calling
+        `progress(bytes done, bytes)` meanwhile; the problem of a failed resolve or download."""
+        snapshot = self._snapshot(repo_id)
+        while snapshot.state in ("resolving", "downloading"):
+            if progress is not None:
+                progress(*snapshot.progress())
+            time.sleep(_REPORT_S)
+        if progress is not None:
+            progress(*snapshot.progress())
+        return self.path(repo_id)
+
+    def revision(self, repo_id: str) -> str:
+        """The revision `repo_id` is served at: the configured one, else `main`."""
+        return self.configured.get(repo_id, "main")
+
     def _snapshot(self, repo_id: str) -> HubSnapshot:
         with self._lock:
             snapshot = self._snapshots.get(repo_id)
             if snapshot is None:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="episerve-hub")
-                revision = self.configured.get(repo_id, "main")
-                directory = lerobot_home() / repo_id
-                snapshot = HubSnapshot(repo_id, revision, directory, self.records / repo_id, self._pool)
+                snapshot = HubSnapshot(
+                    repo_id,
+                    self.revision(repo_id),
+                    lerobot_home() / repo_id,
+                    self.records / repo_id,
+                    self.pins,
+                    self._pool,
+                )
                 self._snapshots[repo_id] = snapshot
                 snapshot.start()
         return snapshot
@@ -133,15 +178,25 @@ class HubSnapshot:
 
     fetches = True
 
-    def __init__(self, repo_id: str, revision: str, directory: Path, records: Path, pool: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        repo_id: str,
+        revision: str,
+        directory: Path,
+        records: Path,
+        pins: RevisionPins,
+        pool: ThreadPoolExecutor,
+    ) -> None:
         self.repo_id = repo_id
         self.revision = revision
         self.directory = directory
-        self.commit: str | None = None
+        self.commit: str | None = None  # the commit `revision` is pinned at
+        self.pinned_at: str | None = None
         self.listing: dict[str, HubFile] | None = None  # None: not resolved yet, or the Hub could not be asked
         self.state = "resolving"  # resolving, downloading (metadata and data files), ready, failed
         self.error: ProblemError | None = None
         self.checked = CheckedFiles(directory, records)
+        self._pins = pins
         self._pool = pool
         self._fetches: dict[str, FileFetch] = {}  # files being fetched, and those whose last fetch failed
         self._before_serving: list[FileFetch] = []
@@ -183,6 +238,22 @@ class HubSnapshot:
             detail += f"; the last try failed: {failed[0].problem.detail if failed[0].problem else 'unknown'}"
         raise TryLater(f"{detail}; retry shortly", headers=_progress_headers(done, total))
 
+    def fetch_now(self, rels: Collection[str], progress: Progress | None = None) -> tuple[int, int]:
+        """Fetch every file of `rels` not there and checked yet, all at once, and wait for them (`warm`), calling
+        `progress(bytes done, bytes)` as they come; (files, bytes) fetched. The first failed fetch's problem is raised
+        (the next call fetches it again). Where the Hub cannot be asked, a file not downloaded is a `TryLater`."""
+        listing = self.listing
+        if listing is None:
+            self.at_hand(rels)
+            return 0, 0
+        wanted = [listing[rel] for rel in sorted(rels) if rel in listing]
+        fetches, _ = self._fetch(wanted, reason="warming")
+        _wait_for(fetches, progress)
+        failed = next((fetch for fetch in fetches if fetch.state == "failed"), None)
+        if failed is not None and failed.problem is not None:
+            raise failed.problem
+        return len(fetches), sum(fetch.file.size for fetch in fetches)
+
     def describe(self) -> dict[str, Any]:
         """The repo, revision and commit; the state; files and bytes listed, there and checked, and being fetched
         (the first few by name); files whose last fetch failed, with the problem."""
@@ -191,6 +262,7 @@ class HubSnapshot:
             fetches = list(self._fetches.values())
         pending = [f for f in fetches if f.state != "failed"]
         described: dict[str, Any] = {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
+        described["pinned_at"] = self.pinned_at
         described["state"] = self.state
         if listing is not None:
             there = [file for file in listing.values() if self.checked.holds(file)]
@@ -209,6 +281,10 @@ class HubSnapshot:
 
     # -- before serving --------------------------------------------------------------------------------------------
 
+    def progress(self) -> tuple[int, int]:
+        """(bytes done, bytes) of the metadata and data files fetched before serving ((0, 0) while resolving)."""
+        return _progress_of(self._before_serving)
+
     def preparing(self) -> TryLater:
         """The 503 for a request while the revision is resolved and the metadata and data files are fetched."""
         fetches = self._before_serving
@@ -218,8 +294,7 @@ class HubSnapshot:
                 headers=_progress_headers(0, 0),
             )
         finished = sum(f.state == "done" for f in fetches)
-        done = sum(f.file.size if f.state == "done" else f.bytes_done for f in fetches)
-        total = sum(f.file.size for f in fetches)
+        done, total = _progress_of(fetches)
         return TryLater(
             f"dataset {self.repo_id!r} is being downloaded from the Hub: its metadata and data files, {finished} of "
             f"{len(fetches)} files ({human_bytes(done)} of {human_bytes(total)}); camera videos are fetched as reads "
@@ -232,6 +307,7 @@ class HubSnapshot:
         try:
             self._resolve()
             if self.listing is not None:
+                self._remove_unlisted()
                 self._fetch_before_serving()
             self.state = "ready"
         except ProblemError as exc:
@@ -255,29 +331,59 @@ class HubSnapshot:
         from huggingface_hub import HfApi
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
+        api = HfApi()
+        resolved: list[Any] = []  # the repo info of a resolve just now: the listing at the commit it pinned
+
+        def resolve() -> str:
+            resolved.append(api.dataset_info(self.repo_id, revision=self.revision, files_metadata=True))
+            return resolved[0].sha
+
         try:
-            info = HfApi().dataset_info(self.repo_id, revision=self.revision, files_metadata=True)
+            pin = self._pins.pinned(self.repo_id, self.revision, resolve)
+            self.commit = pin.commit
+            self.pinned_at = pin.pinned_at
+            info = resolved[0] if resolved else api.dataset_info(self.repo_id, revision=pin.commit, files_metadata=True)
+        except ProblemError:  # another process resolving for too long
+            raise
         except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as exc:
             raise self._problem(exc) from exc
         except Exception as exc:  # offline (HF_HUB_OFFLINE=1) or unreachable: what is there may do
             if (self.directory / "meta/info.json").is_file():
+                pin = self._pins.read(self.repo_id)
+                if pin is not None and pin.revision == self.revision:
+                    self.commit, self.pinned_at = pin.commit, pin.pinned_at
                 log.info("Hub dataset %s: the Hub cannot be asked (%s); serving what is downloaded", self.repo_id, exc)
                 return
             raise TryLater(
                 f"the Hub dataset {self.repo_id!r} cannot be downloaded now (the Hub is unreachable or failing, or "
                 "HF_HUB_OFFLINE=1) and its metadata and data files are not downloaded yet; retry later"
             ) from exc
-        self.commit = info.sha
         self.listing = {sibling.rfilename: HubFile.of(sibling) for sibling in info.siblings or []}
         total = sum(file.size for file in self.listing.values())
         log.info(
-            "Hub dataset %s@%s is commit %s: %d files, %s",
+            "Hub dataset %s@%s is commit %s (%s %s): %d files, %s",
             self.repo_id,
             self.revision,
             self.commit,
+            "resolved and pinned" if resolved else "pinned",
+            self.pinned_at,
             len(self.listing),
             human_bytes(total),
         )
+
+    def _remove_unlisted(self) -> None:
+        """Remove the files of the directory the pinned commit does not list (left there by an earlier commit, after
+        `episerve-server hub refresh`): the dataset is the directory, and a file its commit dropped is no part of it.
+        `huggingface_hub`'s own records (`.cache/`) stay."""
+        assert self.listing is not None
+        if not self.directory.is_dir():
+            return
+        for path in sorted(self.directory.rglob("*")):
+            rel = path.relative_to(self.directory).as_posix()
+            if rel.split("/", 1)[0] == ".cache" or rel in self.listing or not path.is_file():
+                continue
+            path.unlink(missing_ok=True)
+            log.info("Hub dataset %s: removed %s (not in commit %s)", self.repo_id, rel, self.commit)
 
     def _fetch_before_serving(self) -> None:
         """Fetch the metadata, then every other file but the camera videos, and wait for them all."""
@@ -346,31 +452,57 @@ class HubSnapshot:
         )
 
     def _problem(self, exc: BaseException) -> ProblemError:
-        """What a failure of `huggingface_hub` (or of a check) tells a client."""
-        from huggingface_hub.errors import (
-            EntryNotFoundError,
-            GatedRepoError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
+        return hub_problem(exc, self.repo_id, self.revision, self.commit)
 
-        repo_id = self.repo_id
-        if isinstance(exc, ProblemError):
-            return exc
-        if isinstance(exc, GatedRepoError):
-            return NotAllowed(
-                f"the Hub dataset {repo_id!r} is gated or private: accept its terms on the Hub and give the server a "
-                "token that may read it (HF_TOKEN)"
-            )
-        if isinstance(exc, RevisionNotFoundError):
-            return DoesNotExist(f"the Hub dataset {repo_id!r} has no revision {self.revision!r}")
-        if isinstance(exc, RepositoryNotFoundError):
-            return DoesNotExist(
-                f"no Hub dataset {repo_id!r} (or it is private: give the server a token that may read it, HF_TOKEN)"
-            )
-        if isinstance(exc, EntryNotFoundError):
-            return DatasetError(f"the Hub dataset {repo_id!r} at commit {self.commit} lacks a file it lists: {exc}")
-        return TryLater(f"the Hub dataset {repo_id!r} cannot be downloaded now: {_reason(exc)}; retry later")
+
+def hub_problem(exc: BaseException, repo_id: str, revision: str, commit: str | None = None) -> ProblemError:
+    """What a failure of `huggingface_hub` (or of a check) on `repo_id` at `revision` (pinned at `commit`, if
+    known) tells a client."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(exc, ProblemError):
+        return exc
+    if isinstance(exc, GatedRepoError):
+        return NotAllowed(
+            f"the Hub dataset {repo_id!r} is gated or private: accept its terms on the Hub and give the server a "
+            "token that may read it (HF_TOKEN)"
+        )
+    if isinstance(exc, RevisionNotFoundError) and commit is not None:
+        return DoesNotExist(
+            f"the Hub dataset {repo_id!r} no longer has the commit {commit} its revision {revision!r} is pinned at; "
+            f"pin the commit the revision names now with `episerve-server hub refresh {repo_id}`"
+        )
+    if isinstance(exc, RevisionNotFoundError):
+        return DoesNotExist(f"the Hub dataset {repo_id!r} has no revision {revision!r}")
+    if isinstance(exc, RepositoryNotFoundError):
+        return DoesNotExist(
+            f"no Hub dataset {repo_id!r} (or it is private: give the server a token that may read it, HF_TOKEN)"
+        )
+    if isinstance(exc, EntryNotFoundError):
+        return DatasetError(f"the Hub dataset {repo_id!r} at commit {commit} lacks a file it lists: {exc}")
+    return TryLater(f"the Hub dataset {repo_id!r} cannot be downloaded now: {_reason(exc)}; retry later")
+
+
+def _progress_of(fetches: list[FileFetch]) -> tuple[int, int]:
+    """(bytes done, bytes) of `fetches`."""
+    done = sum(f.file.size if f.state == "done" else f.bytes_done for f in fetches)
+    return done, sum(f.file.size for f in fetches)
+
+
+def _wait_for(fetches: list[FileFetch], progress: Progress | None) -> None:
+    """Wait until every fetch of `fetches` is done or failed, reporting their progress every `_REPORT_S`."""
+    futures = [fetch.future for fetch in fetches if fetch.future is not None]
+    while True:
+        _, pending = wait_for(futures, timeout=_REPORT_S)
+        if progress is not None:
+            progress(*_progress_of(fetches))
+        if not pending:
+            return
 
 
 def _progress_headers(done: int, total: int) -> dict[str, str]:

@@ -105,7 +105,7 @@ class Catalog:
         self._logged_skips: set[tuple[str, SkippedDirectory]] = set()
         self._datasets: dict[str, Dataset] = {}
         self._scanned_at = 0.0
-        self.hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow, settings.cache_dir / "hub")
+        self.hub = HubDatasets(parse_hub_datasets(settings.hub), settings.hub_allow, settings.cache_dir)
         self.scan()
 
     def scan(self) -> dict[str, DatasetPath]:
