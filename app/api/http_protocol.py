@@ -13,6 +13,8 @@ unsent rest of it in the server's memory: the transport's write buffer holds wha
 response holds what it has not sent yet. Once the transport's buffer is full, uvicorn pauses the response
 (`pause_writing`); if it is not resumed within `send_timeout_s`, the connection is aborted, which frees both. A
 client reading slowly but steadily resumes it each time and is never cut off.
+
+A response's head and a small body go out in one system call (`app.api.coalesced_writes`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.api.coalesced_writes import CoalescedWrites
 from app.api.problems import problem
 
 
@@ -56,7 +59,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(CoalescedWrites(transport, self.loop))  # type: ignore[arg-type]
         self._arm_head_timer()  # a connection that never sends a head is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
