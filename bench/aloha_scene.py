@@ -34,6 +34,7 @@ _MOTION = 1  # the version of `joint_positions`: a changed motion renders (and c
 _OBJECTS_SEED = 0  # where the peg and the socket lie (gym-aloha's own sampler)
 _PACKAGES = ("gym-aloha", "mujoco", "dm-control")
 _REPOSITORY = Path(__file__).resolve().parents[1]
+_FAILED: dict[Path, str] = {}  # cache file -> why rendering it failed in this process (not tried again)
 
 
 class SceneUnavailable(RuntimeError):
@@ -95,14 +96,17 @@ def _render(out: Path) -> None:
     options = pa.ipc.IpcWriteOptions(compression="zstd")
     partial = out.with_suffix(f".{os.getpid()}.partial")
     started = time.perf_counter()
-    with pa.ipc.new_file(partial, schema, options=options) as writer:
-        for i in range(LOOP_FRAMES):
-            physics.named.data.qpos[:16] = joint_positions(i)
-            physics.named.data.qpos[-14:] = objects
-            physics.forward()  # kinematics only: the scene is posed, not simulated
-            pixels = physics.render(height=RENDER_HEIGHT, width=RENDER_WIDTH, camera_id=CAMERA)
-            writer.write_batch(pa.record_batch([pa.array([pixels.tobytes()], pa.binary())], schema=schema))
-    partial.rename(out)
+    try:
+        with pa.ipc.new_file(partial, schema, options=options) as writer:
+            for i in range(LOOP_FRAMES):
+                physics.named.data.qpos[:16] = joint_positions(i)
+                physics.named.data.qpos[-14:] = objects
+                physics.forward()  # kinematics only: the scene is posed, not simulated
+                pixels = physics.render(height=RENDER_HEIGHT, width=RENDER_WIDTH, camera_id=CAMERA)
+                writer.write_batch(pa.record_batch([pa.array([pixels.tobytes()], pa.binary())], schema=schema))
+        partial.rename(out)
+    finally:
+        partial.unlink(missing_ok=True)
     seconds = time.perf_counter() - started
     print(f"rendered {LOOP_FRAMES} frames in {seconds:.0f} s ({seconds / LOOP_FRAMES:.3f} s a frame)", file=sys.stderr)
 
@@ -116,6 +120,8 @@ def rendered_loop(cache_dir: Path) -> Path:
     path = cache_dir / f"aloha-insertion-{CAMERA}-{RENDER_HEIGHT}x{RENDER_WIDTH}-{digest}.arrow"
     if path.is_file():
         return path
+    if path in _FAILED:
+        raise SceneUnavailable(_FAILED[path])
     cache_dir.mkdir(parents=True, exist_ok=True)
     print(f"# rendering the ALOHA scene ({LOOP_FRAMES} frames, cached in {path}) ...", file=sys.stderr)
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
@@ -123,7 +129,8 @@ def rendered_loop(cache_dir: Path) -> Path:
     done = subprocess.run(command, cwd=_REPOSITORY, env=env, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0 or not path.is_file():
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise SceneUnavailable(f"rendering with MUJOCO_GL={env['MUJOCO_GL']} failed: {last}")
+        _FAILED[path] = f"rendering with MUJOCO_GL={env['MUJOCO_GL']} failed: {last.rstrip('.')}"
+        raise SceneUnavailable(_FAILED[path])
     print(f"# {done.stderr.strip().splitlines()[-1]}", file=sys.stderr)
     return path
 
