@@ -1,12 +1,11 @@
 """Robot-camera content: the ALOHA insertion scene (gym-aloha's MuJoCo model, from which LeRobot's aloha_sim datasets
 were rendered) seen from its 'top' camera while both arms reach in and out along smooth sinusoids.
 
-Rendering is slow on a software renderer (about a quarter of a second a 480x640 frame), so a loop of
-`LOOP_FRAMES` frames is rendered once, headless (`MUJOCO_GL=egl` unless set otherwise), in a subprocess, and cached
-as a zstd-compressed Arrow IPC file named for its render parameters; later runs read the frames from it. The loop
-is periodic, so the recording plays through it without a jump: episodes starting at different frames see
-different parts of the motion. Other sizes are the same frames downscaled (bilinear, antialiased), so every size
-shows the same scene.
+Rendering is slow on a software renderer (about 0.2 s a 480x640 frame), so a loop of `LOOP_FRAMES` frames is
+rendered once, headless (`MUJOCO_GL=egl` unless set otherwise), in a subprocess, and cached as a zstd-compressed
+Arrow IPC file named for its render parameters; later runs read the frames from it. The loop is periodic, so the
+recording plays through it without a jump: episodes starting at different frames see different parts of the
+motion. Other sizes are the same frames downscaled (bilinear, antialiased), so every size shows the same scene.
 
     python -m bench.aloha_scene OUT.arrow    (renders the loop into OUT.arrow; the scene runs this itself)
 """
