@@ -2,9 +2,11 @@
 
 Each episode is encoded on its own with the demo's encoder settings (`app.demo_video`: SVT-AV1, yuv420p, GOP 2,
 CRF 30; H.264 only where the FFmpeg build has no AV1 encoder) and appended by stream copy to the camera's current
-mp4, which rolls over at LeRobot's 200 MB. The frames are a drifting colour gradient plus a fine random texture
-that moves a few pixels a frame plus fresh per-frame sensor noise: not trivially compressible (about 40 KB a
-frame at 480x640, against ~2 KB for a smooth synthetic scene), so decoding costs what it costs on camera data.
+mp4, which rolls over at LeRobot's 200 MB. The frames are the dataset's content (`CameraSize.content`):
+"synthetic", a drifting colour gradient plus a fine random texture that moves a few pixels a frame plus fresh
+per-frame sensor noise (not trivially compressible: about 40 KB a frame at 480x640, against ~2 KB for a smooth
+synthetic scene); "photo", a pan and zoom over photographs with sensor noise; "aloha", the ALOHA insertion scene
+rendered with MuJoCo (`bench/aloha_scene.py`, its renders cached beside the datasets' root in `camera-renders`).
 The state and action are a random walk unrelated to the frames unless other `Signals` are asked for (the
 lossy-training measurement's actions are the camera's next views). A finished dataset carries a `bench.json` marker
 with its parameters and is reused by later runs.
@@ -20,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -195,11 +197,26 @@ class _PhotoScene:
         return pixels.clip(0, 255).astype(np.uint8)
 
 
-def _scene(size: CameraSize) -> _Scene | _PhotoScene:
+class Scene(Protocol):
+    """A camera's view, `height` x `width`: `frame(i)` is frame `i` of the whole recording, (h, w, 3) uint8."""
+
+    height: int
+    width: int
+
+    def frame(self, i: int) -> np.ndarray: ...
+
+
+def _scene(size: CameraSize, root: Path) -> Scene:
+    """The scene of `size.content`; an ALOHA scene's renders are cached beside `root` (raises
+    `bench.aloha_scene.SceneUnavailable` where they cannot be made)."""
+    if size.content == "aloha":
+        from bench.aloha_scene import AlohaScene
+
+        return AlohaScene(size.height, size.width, root.parent / "camera-renders")
     return _PhotoScene(size) if size.content == "photo" else _Scene(size)
 
 
-def _encode(scene: _Scene | _PhotoScene, first: int, length: int) -> bytes:
+def _encode(scene: Scene, first: int, length: int) -> bytes:
     """Frames `first .. first + length` of the scene as one episode's mp4, frame k at pts k/fps (app.demo_video's
     encoder settings), streamed: one frame in memory at a time."""
     import av
@@ -219,9 +236,8 @@ def _encode(scene: _Scene | _PhotoScene, first: int, length: int) -> bytes:
     return buffer.getvalue()
 
 
-def _encoded_episodes(size: CameraSize, lengths: list[int]) -> Iterator[bytes]:
+def _encoded_episodes(scene: Scene, lengths: list[int]) -> Iterator[bytes]:
     """Each episode's mp4 in order, encoded `_ENCODERS` at a time."""
-    scene = _scene(size)
     firsts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     with ThreadPoolExecutor(_ENCODERS, thread_name_prefix="bench-video") as pool:
         jobs = [pool.submit(_encode, scene, firsts[e], length) for e, length in enumerate(lengths)]
@@ -232,12 +248,13 @@ def _encoded_episodes(size: CameraSize, lengths: list[int]) -> Iterator[bytes]:
 def _write(path: Path, size: CameraSize, signals: Signals) -> None:
     from app.demo_video import ConcatenatedVideo
 
+    scene = _scene(size, path.parent)
     lengths = _lengths(size)
     episodes: list[dict[str, Any]] = []
     video: ConcatenatedVideo | None = None
     file_index, file_bytes, start = -1, VIDEO_FILE_BYTES, 0
     try:
-        for episode, mp4 in enumerate(_encoded_episodes(size, lengths)):
+        for episode, mp4 in enumerate(_encoded_episodes(scene, lengths)):
             if file_bytes + len(mp4) > VIDEO_FILE_BYTES and file_bytes > 0:
                 if video is not None:
                     video.close()
@@ -256,7 +273,7 @@ def _write(path: Path, size: CameraSize, signals: Signals) -> None:
     vectors = _write_data(path, size, lengths, signals)
     _write_meta(path, size, lengths, episodes, signals)
     if signals.stats:
-        _write_stats(path, size, vectors)
+        _write_stats(path, scene, vectors)
 
 
 def _write_data(path: Path, size: CameraSize, lengths: list[int], signals: Signals) -> dict[str, np.ndarray]:
@@ -291,7 +308,7 @@ def _write_data(path: Path, size: CameraSize, lengths: list[int], signals: Signa
     return {name: np.concatenate(parts) for name, parts in vectors.items()}
 
 
-def _write_stats(path: Path, size: CameraSize, vectors: dict[str, np.ndarray], every: int = 8) -> None:
+def _write_stats(path: Path, scene: Scene, vectors: dict[str, np.ndarray], every: int = 8) -> None:
     """meta/stats.json as LeRobot writes it: each vector's min, max, mean, std and count over every row; the
     camera's per-channel ones, in [0, 1], over every `every`-th frame of the scene (before encoding)."""
     from app.demo_tables import image_stats
@@ -305,7 +322,6 @@ def _write_stats(path: Path, size: CameraSize, vectors: dict[str, np.ndarray], e
             "std": values.std(axis=0, dtype=np.float64).tolist(),
             "count": [len(values)],
         }
-    scene = _scene(size)
     frames = np.stack([scene.frame(i) for i in range(0, len(vectors[STATE]), every)])
     stats[CAMERA] = {stat: values.tolist() for stat, values in image_stats(frames).items()}
     (path / "meta/stats.json").write_text(json.dumps(stats, indent=4))

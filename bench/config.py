@@ -19,7 +19,7 @@ class DatasetSize:
 
 @dataclass(frozen=True)
 class CameraSize:
-    """Shape of one generated LeRobot v3.0 dataset with one AV1 camera (P9)."""
+    """Shape of one generated LeRobot v3.0 dataset with one AV1 camera (P9, P10, P16)."""
 
     name: str
     height: int
@@ -28,17 +28,27 @@ class CameraSize:
     min_length: int
     max_length: int
     seed: int
-    content: str = "synthetic"  # or "photo": a pan and zoom over photographs with sensor noise (P16)
+    # "synthetic" (a drifting gradient with moving texture and noise), "photo" (a pan and zoom over photographs
+    # with sensor noise) or "aloha" (the ALOHA insertion scene rendered with MuJoCo): see bench/camera_datasets.py
+    content: str = "synthetic"
+
+    @property
+    def label(self) -> str:
+        """The content and size, as table rows name the dataset: `aloha 480x640`."""
+        return f"{self.content} {self.height}x{self.width}"
 
 
 @dataclass(frozen=True)
 class CameraScale:
-    """P9's datasets and how much each of its loaders reads."""
+    """The camera datasets (P9, P10, P16) and how much each loader reads."""
 
-    cameras: tuple[CameraSize, ...]
+    datasets: tuple[CameraSize, ...]  # every content at both sizes
     samples: int  # frames drawn per episerve and mmap loader
     peer_samples: int  # frames drawn through the LeRobot-style per-sample decode path (slow)
-    photos: tuple[CameraSize, ...] = ()  # P16's camera-like datasets
+
+    def of(self, *contents: str) -> tuple[CameraSize, ...]:
+        """The datasets of these contents, in order."""
+        return tuple(size for size in self.datasets if size.content in contents)
 
 
 @dataclass(frozen=True)
@@ -76,16 +86,16 @@ FULL = Scale(
     p7_lerobot_samples=600,
     p8_fraction=0.10,
     p9=CameraScale(
-        cameras=(
+        datasets=(
             CameraSize("camera480", 480, 640, episodes=16, min_length=300, max_length=420, seed=9),
             CameraSize("camera224", 224, 224, episodes=16, min_length=300, max_length=420, seed=10),
+            CameraSize("photo480", 480, 640, episodes=8, min_length=200, max_length=260, seed=11, content="photo"),
+            CameraSize("photo224", 224, 224, episodes=8, min_length=200, max_length=260, seed=12, content="photo"),
+            CameraSize("aloha480", 480, 640, episodes=8, min_length=200, max_length=260, seed=13, content="aloha"),
+            CameraSize("aloha224", 224, 224, episodes=8, min_length=200, max_length=260, seed=14, content="aloha"),
         ),
         samples=3200,
         peer_samples=1280,
-        photos=(
-            CameraSize("photo480", 480, 640, episodes=8, min_length=200, max_length=260, seed=11, content="photo"),
-            CameraSize("photo224", 224, 224, episodes=8, min_length=200, max_length=260, seed=12, content="photo"),
-        ),
     ),
 )
 
@@ -104,16 +114,16 @@ QUICK = Scale(
     p7_lerobot_samples=200,
     p8_fraction=0.10,
     p9=CameraScale(
-        cameras=(
+        datasets=(
             CameraSize("camera480", 480, 640, episodes=8, min_length=300, max_length=420, seed=9),
             CameraSize("camera224", 224, 224, episodes=8, min_length=300, max_length=420, seed=10),
+            CameraSize("photo480", 480, 640, episodes=4, min_length=120, max_length=160, seed=11, content="photo"),
+            CameraSize("photo224", 224, 224, episodes=4, min_length=120, max_length=160, seed=12, content="photo"),
+            CameraSize("aloha480", 480, 640, episodes=4, min_length=120, max_length=160, seed=13, content="aloha"),
+            CameraSize("aloha224", 224, 224, episodes=4, min_length=120, max_length=160, seed=14, content="aloha"),
         ),
         samples=1280,
         peer_samples=640,
-        photos=(
-            CameraSize("photo480", 480, 640, episodes=4, min_length=120, max_length=160, seed=11, content="photo"),
-            CameraSize("photo224", 224, 224, episodes=4, min_length=120, max_length=160, seed=12, content="photo"),
-        ),
     ),
 )
 

@@ -195,7 +195,7 @@ def _camera_server(ctx: Context, name: str, policy: str) -> tuple[Path, Path, in
     from bench.camera_datasets import ensure_camera_dataset
     from bench.figures.p9_camera import warm_seconds
 
-    size = next(c for c in ctx.scale.p9.cameras if c.name == name)
+    size = next(c for c in ctx.scale.p9.datasets if c.name == name)
     dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
     cache = ctx.scratch("profile-camera")
     if policy == "first-touch":

@@ -1,7 +1,8 @@
 """P10: `RemoteLeRobotDataset` (LeRobotDataset's samples from the server) through a torch DataLoader, samples/s,
 against LeRobot's per-sample path over the same files, in one run.
 
-On P9's camera datasets (one AV1 camera, GOP 2, 480x640 and 224x224; see `bench/camera_datasets.py`), every
+On P9's camera datasets (one AV1 camera, GOP 2; synthetic, photo and ALOHA content, each at 480x640 and 224x224;
+see `bench/camera_datasets.py`; each row names its dataset's content and size), every
 loader is a DataLoader with batch 64, 2 workers and shuffle, over samples holding the camera frame (float32 in
 [0, 1]), a 50-step action window with its `action_is_pad`, the state, the standard columns and `task`:
 
@@ -26,7 +27,6 @@ The sample counts are P9's; the real peers draw as many as episerve's loaders.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.camera_datasets import CameraDataset, ensure_camera_dataset
+from bench.camera_datasets import CameraDataset
 from bench.config import CameraSize
 from bench.context import Context
 from bench.datasets import ACTION, FPS
 from bench.figures import real_peers
+from bench.figures.camera_sets import rows_per_dataset
 from bench.figures.p3_loader import samples_per_second
 from bench.figures.p9_camera import warm_seconds
 from bench.peers.lerobot_camera import LeRobotStyleCameraSamples
@@ -61,11 +62,8 @@ LABELS = {
 
 
 def run(ctx: Context) -> list[Row]:
-    rows: list[Row] = []
     peers = real_peers.peers(ctx)
-    for size in ctx.scale.p9.cameras:
-        print(f"# P10 {size.name} ...", file=sys.stderr)
-        rows += _camera(ctx, size, peers)
+    rows = rows_per_dataset(ctx, "P10", ctx.scale.p9.datasets, partial(_camera, ctx, peers=peers))
     ctx.notes.append(
         f"P10: samples of one camera frame (float32), a {HORIZON}-step action window with its padding mask, the "
         "state, the standard columns and `task`, as LeRobotDataset returns them; DataLoader batch 64, 2 workers, "
@@ -74,9 +72,8 @@ def run(ctx: Context) -> list[Row]:
     return rows
 
 
-def _camera(ctx: Context, size: CameraSize, peers: RealPeers | str) -> list[Row]:
-    dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
-    case = f"{dataset.height}x{dataset.width}"
+def _camera(ctx: Context, size: CameraSize, dataset: CameraDataset, peers: RealPeers | str) -> list[Row]:
+    case = size.label
     cache = ctx.scratch(f"p10-{size.name}")
     real: list[str] = []
     try:

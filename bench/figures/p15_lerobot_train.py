@@ -53,7 +53,7 @@ def run(ctx: Context) -> list[Row]:
     ours, theirs = SAMPLES[ctx.scale.mode]
     print("# P15 parquet images ...", file=sys.stderr)
     rows = _images(ctx, ours, theirs)
-    size = next(c for c in ctx.scale.p9.cameras if c.height == 224)
+    size = next(c for c in ctx.scale.p9.of("synthetic") if c.height == 224)
     print(f"# P15 {size.name} ...", file=sys.stderr)
     rows += _camera(ctx, size, ours)
     ctx.notes.append(

@@ -1,8 +1,10 @@
-"""P16: camera frames at real dataset sizes, per frame tier and size, on camera-like content (a pan and zoom over
-photographs with sensor noise, `bench/camera_datasets.py`), encoded as LeRobot records (AV1, GOP 2).
+"""P16: camera frames at real dataset sizes, per frame tier and size, on camera-like content
+(`bench/camera_datasets.py`: a pan and zoom over photographs with sensor noise, and the ALOHA insertion scene
+rendered with MuJoCo), encoded as LeRobot records (AV1, GOP 2).
 
-Per dataset (480x640 and 224x224), each tier's cache is built with `episerve-server warm DATASET --videos` under
-`EPISERVE_VIDEO_FRAME_TIER` (raw, and JPEG at the qualities in `JPEG_TIERS`), and:
+Per dataset (each content at 480x640 and 224x224; each row names its content and size), each tier's cache is built
+with `episerve-server warm DATASET --videos` under `EPISERVE_VIDEO_FRAME_TIER` (raw, and JPEG at the qualities in
+`JPEG_TIERS`), and:
 
 - disk: the frame segments' bytes ÷ the source MP4s' bytes;
 - samples/s, through each of two loaders side by side, both shuffled (batch 64, 2 workers): `EpisodeDataset` (the
@@ -15,7 +17,7 @@ Per dataset (480x640 and 224x224), each tier's cache is built with `episerve-ser
 - PSNR of each JPEG tier's frames against the exact frames (LeRobot's decode: the on-demand server's).
 
 Loaders run `Scale.rounds` times, interleaved; the table shows medians. LeRobot 0.6.1 and Lance are P9's peers (the
-same DataLoader settings); the ALOHA sim renders are not generated here (see docs/performance.md).
+same DataLoader settings). Where the ALOHA scene cannot be rendered (no MuJoCo or headless GL), its rows say so.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.camera_datasets import CAMERA, CameraDataset, ensure_camera_dataset
+from bench.camera_datasets import CAMERA, CameraDataset
+from bench.config import CameraSize
 from bench.context import Context
+from bench.figures.camera_sets import rows_per_dataset
 from bench.figures.p3_loader import samples_per_second
 from bench.processes import EpiserveServer, _clean_env, app_dir
 from bench.report import Row
@@ -47,14 +51,10 @@ TARGET_VS_ON_DEMAND = {480: 3.0, 224: 5.0}
 
 
 def run(ctx: Context) -> list[Row]:
-    rows: list[Row] = []
-    for size in ctx.scale.p9.photos:
-        dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
-        rows += _dataset_rows(ctx, dataset)
-    return rows
+    return rows_per_dataset(ctx, "P16", ctx.scale.p9.of("photo", "aloha"), partial(_dataset_rows, ctx))
 
 
-def _dataset_rows(ctx: Context, dataset: CameraDataset) -> list[Row]:
+def _dataset_rows(ctx: Context, size: CameraSize, dataset: CameraDataset) -> list[Row]:
     source_bytes = dataset.video_bytes
     caches = {
         tier: ctx.workdir / "frame-tiers" / dataset.name / tier.replace(":", "-") for tier in ("raw", *JPEG_TIERS)
@@ -76,7 +76,8 @@ def _dataset_rows(ctx: Context, dataset: CameraDataset) -> list[Row]:
         for server in reversed(started):
             server.stop()
         ctx.drop_scratch(f"p16-{dataset.name}")
-    case = f"photo {dataset.height}x{dataset.width}, {dataset.rows:,} frames"
+    case = f"{size.label}, {dataset.rows:,} frames"
+    ctx.notes.append(f"P16 {case}: the source MP4s hold {source_bytes / dataset.rows / 1e3:.1f} KB a frame.")
     target = TARGET_VS_ON_DEMAND.get(dataset.height, 3.0)
     rows = [
         Row("P16", f"{case}, raw cache", "x source MP4", disk["raw"] / source_bytes, "source MP4", 1.0, "info"),

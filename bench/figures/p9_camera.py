@@ -2,7 +2,8 @@
 per-sample decode path, the raw decoder ceiling and a local memory-mapped copy of the decoded frames, all in one
 run; and the server's anonymous memory while every frame is streamed.
 
-Per camera dataset (480x640 and 224x224, see `bench/camera_datasets.py`), every loader is a DataLoader with batch
+Per camera dataset (synthetic, photo and ALOHA content, each at 480x640 and 224x224, see `bench/camera_datasets.py`;
+each row names its dataset's content and size), every loader is a DataLoader with batch
 64 and 2 workers reading the camera and `index`, shuffled:
 
 - (a) `EpisodeDataset` against a server with `EPISERVE_VIDEO_CACHE_POLICY=on-demand` (frames decoded per request);
@@ -41,10 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.camera_datasets import CAMERA, CameraDataset, ensure_camera_dataset
+from bench.camera_datasets import CAMERA, CameraDataset
 from bench.config import CameraSize
 from bench.context import Context
 from bench.figures import real_peers
+from bench.figures.camera_sets import rows_per_dataset
 from bench.figures.p3_loader import samples_per_second
 from bench.memory import RssSampler
 from bench.peers.camera_decode import LeRobotStyleFrames, decode_ceiling
@@ -67,11 +69,8 @@ CEILINGS = {"sequential 1": 1, "sequential 2": 2}
 
 
 def run(ctx: Context) -> list[Row]:
-    rows: list[Row] = []
     peers = real_peers.peers(ctx)
-    for size in ctx.scale.p9.cameras:
-        print(f"# P9 {size.name} ...", file=sys.stderr)
-        rows += _camera(ctx, size, peers)
+    rows = rows_per_dataset(ctx, "P9", ctx.scale.p9.datasets, partial(_camera, ctx, peers=peers))
     ctx.notes.append(
         "P9: the 2-process decode ceiling is the one the targets use: this machine has 2 cores, which the "
         "DataLoader's 2 workers, the server's 2 workers and the main process share in the loader rows."
@@ -79,8 +78,7 @@ def run(ctx: Context) -> list[Row]:
     return rows
 
 
-def _camera(ctx: Context, size: CameraSize, peers: RealPeers | str) -> list[Row]:
-    dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
+def _camera(ctx: Context, size: CameraSize, dataset: CameraDataset, peers: RealPeers | str) -> list[Row]:
     frames_file = write_frames(dataset, _frames_path(ctx, size))
     _describe(ctx, dataset, frames_file)
     memory = {policy: _stream_memory(ctx, dataset, policy) for policy in ("on-demand", "first-touch")}
@@ -105,7 +103,7 @@ def _camera(ctx: Context, size: CameraSize, peers: RealPeers | str) -> list[Row]
     finally:
         ctx.drop_scratch(f"p9-{size.name}")
     speed = {key: medians(measured)[FPS_KEY] for key, measured in rounds.items()}
-    case = f"{dataset.height}x{dataset.width}"
+    case = size.label
     return [
         *_loader_rows(case, speed, rounds, samples, peer_samples),
         Row(
