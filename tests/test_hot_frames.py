@@ -123,9 +123,10 @@ def test_the_hot_budget_evicts_least_recently_used_hot_segments_only(tmp_path: P
             assert set(hot(cache)) == resident, episode
             assert sum(hot(cache).values()) <= budget
         eventually(lambda: len(published(cache, "frames")) == 4, 60)
-        for episode in range(4):  # every answer still right, hot or not
+        for episode in range(4):  # every answer still right, hot or not (the cold ones queue hot builds again)
             read(http, episode)
-        assert set(hot(cache)) == {2, 3} and len(published(cache, "frames")) == 4  # no JPEG segment evicted
+            assert sum(hot(cache).values()) <= budget
+        assert len(published(cache, "frames")) == 4  # hot eviction never takes a JPEG segment
 
 
 def test_a_client_on_the_same_machine_reads_hot_pixels_by_reference(video_root: Path, tmp_path: Path) -> None:
@@ -212,6 +213,7 @@ def test_sigkill_during_a_hot_segment_build_leaves_nothing_that_is_served(tmp_pa
             reference = exact(tmp_path / "data" / "long", TOP_CAMERA, table)
             assert np.array_equal(pixels(table, TOP_CAMERA), jpeg_round_trip(reference))
             eventually(lambda: len(published(cache, "hot-frames")) == 1, 120)
+        eventually(lambda: len(published(cache, "frames")) == 1, 120)  # the JPEG segment, queued after it
     assert list(cache.rglob("*.tmp")) == []
 
 
