@@ -277,7 +277,10 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
         built = warm(dataset, needed, progress)
     print(f"{dataset.id}: {len(needed)} segments needed, {built} built, {len(needed) - built} already cached")
     if videos:
-        print(_projected_frames(dataset.id, dataset.cache_status()["frame_segments"]["projected"]))
+        frame_segments = dataset.cache_status()["frame_segments"]
+        print(_projected_frames(dataset.id, frame_segments["projected"]))
+        if frame_segments["hot"] is not None:
+            print(_hot_frames(dataset.id, frame_segments["hot"]))
         with tqdm(total=len(videos), unit="videos", desc=f"decoding {dataset.id} cameras") as bar:
             built, too_large = warm_videos(dataset, videos, on_segment=lambda: bar.update(1))
         cached = len(videos) - built - too_large
@@ -308,6 +311,14 @@ def _projected_frames(dataset_id: str, projected: dict[str, Any]) -> str:
         f"{', '.join(projected['tiers'])} (exact pixels: {projected['raw_bytes'] / 1e9:.2f} GB)"
     )
     return line + (f"; {projected['note']}" if "note" in projected else "")
+
+
+def _hot_frames(dataset_id: str, hot: dict[str, Any]) -> str:
+    """One line on the hot pixel segments over a JPEG tier (`Dataset.hot_status`), which reads build, not `warm`."""
+    return (
+        f"{dataset_id}: {hot['built']} hot pixel segments ({hot['bytes'] / 1e9:.2f} GB) of the hot budget "
+        f"(EPISERVE_VIDEO_HOT_BYTES) of {hot['budget_bytes'] / 1e9:.2f} GB shared by every dataset; reads build them"
+    )
 
 
 def unknown_dataset(catalog: Catalog, dataset_id: str) -> str:

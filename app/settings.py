@@ -148,6 +148,14 @@ class Settings(BaseSettings):
         "recently used are evicted to make room for a new one, and a video whose segment alone exceeds the budget is "
         "decoded on demand. Unset: no limit.",
     )
+    video_hot_bytes: int = Field(
+        0,
+        ge=0,
+        description="Disk budget of hot pixel segments over encoded frame tiers (`video_frame_tier` `jpeg...`), on "
+        "top of `video_cache_bytes`: the video files read most recently also keep their frames as the tier's round "
+        "trip in raw pixels, read without a decode and with the same answers; least recently used evicted first. "
+        "0 (the default): no hot layer, every frame of an encoded tier is decoded when read.",
+    )
     video_cache_size: Annotated[dict[str, tuple[int, int]], NoDecode] = Field(
         default_factory=dict,
         description="Serve camera frames downscaled (decoded-frame segments are stored at that size too): `HxW` for "

@@ -228,10 +228,13 @@ def rss_anon_with_children(pid: int) -> int:
         return total
 
 
-def killed_mid_frame_build(build: Callable[[str], object], caches: Path, partial_bytes: int, attempts: int = 5) -> Path:
+def killed_mid_frame_build(
+    build: Callable[[str], object], caches: Path, partial_bytes: int, attempts: int = 5, store: str = "frames"
+) -> Path:
     """A cache directory whose frame-segment build was killed with SIGKILL midway: `build(cache)` runs in a fresh
-    (spawned) process and is killed once its segment's temporary file holds `partial_bytes`; tried in
-    `caches/cache-<n>` until a kill leaves a partial file and nothing published."""
+    (spawned) process and is killed once its segment's temporary file (in the dataset cache's `store` directory:
+    `frames`, or `hot-frames` for a hot pixel segment) holds `partial_bytes`; tried in `caches/cache-<n>` until a
+    kill leaves a partial file and nothing published."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
@@ -241,13 +244,13 @@ def killed_mid_frame_build(build: Callable[[str], object], caches: Path, partial
         process.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and process.is_alive():
-            partial = list(cache.rglob("frames/*.arrow.tmp"))
+            partial = list(cache.rglob(f"{store}/*.arrow.tmp"))
             if partial and partial[0].exists() and partial[0].stat().st_size > partial_bytes:
                 break
             time.sleep(0.001)
         os.kill(process.pid, signal.SIGKILL)
         process.join()
-        if list(cache.rglob("frames/*.arrow.tmp")) and not list(cache.rglob("frames/*.json")):
+        if list(cache.rglob(f"{store}/*.arrow.tmp")) and not list(cache.rglob(f"{store}/*.json")):
             return cache
     raise AssertionError(f"could not kill the builder mid-build in {attempts} attempts")
 

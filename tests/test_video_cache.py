@@ -132,6 +132,7 @@ def test_eviction_under_a_small_budget_keeps_the_most_recently_used_segments_and
         "built": len(resident),
         "bytes": sum(p.stat().st_size for p in frame_segments(cache).values()),
         "budget_bytes": budget,
+        "hot": None,  # no hot layer configured
     }
     info = orjson.loads((root / "meta" / "info.json").read_bytes())
     shapes = [feature["shape"] for feature in info["features"].values() if feature["dtype"] == "video"]

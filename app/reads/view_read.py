@@ -36,9 +36,9 @@ from app.reads.pending_copies import PendingCopies
 from app.reads.row_references import reference_batch
 from app.reads.takes import gather_rows, project
 from app.reads.windows import DEFAULT_TOLERANCE_S, PAD_SUFFIX, WindowSpec, as_windows, pad_column, window_targets
-from app.sources.frame_tiers import wire_encoding
+from app.sources.frame_tiers import hot_tier, wire_encoding
 from app.sources.source import VideoFeature
-from app.sources.video import check_tolerance, decode_nearest_side_by_side, frame_schema
+from app.sources.video import check_tolerance, decode_nearest_side_by_side, frame_schema, hot_camera
 from app.store.cold_reads import ColdRows
 from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
@@ -73,6 +73,7 @@ class ViewRead:
         self.pending = PendingCopies() if options.defer_frames else None
         self._segments: dict[int, Segment] = {}  # source file -> its segment, mapped already (a quick read's)
         self._frame_segments: dict[str, Segment] = {}  # video file -> its decoded-frame segment, likewise
+        self._hot_segments: dict[str, Segment] = {}  # video file -> its hot pixel segment, likewise
 
     def fresh_pending(self) -> None:
         """Start another piece of the answer: frame copies left pending from here on are that piece's."""
@@ -125,21 +126,33 @@ class ViewRead:
             return True
         if self.dataset.limits.video_cache_policy == "on-demand" or set(rows.cameras) & set(self.options.resized):
             return False
-        if self.options.encoded_frames or any(self.cameras[key].tier.decodes for key in rows.cameras):
-            return False  # an encode or decode per frame: not on the event loop
+        if self.options.encoded_frames:
+            return False  # an encode per frame: not on the event loop
         copied = 0
         for key, paths in self.video_files(rows).items():
-            for path in paths:
-                segment = self.dataset.frames.mapped_segment(path)
-                if segment is None:
-                    return False
-                self._frame_segments[path] = segment
             feature = self.cameras[key]
+            if not all(self._pixels_mapped(path, feature) for path in paths):
+                return False
             frame_bytes = feature.height * feature.width * feature.channels
             if self.pending is None or frame_bytes < OWN_CHUNK_BYTES:
                 copied += rows.count * frame_bytes
         self.inline_bytes += copied
         return copied <= self.dataset.limits.inline_read_bytes
+
+    def _pixels_mapped(self, path: str, feature: VideoFeature) -> bool:
+        """Whether this process has a segment of `path` mapped that `feature`'s pixels are read from without a
+        decode (its raw segment, or the hot pixels over its encoded tier), kept for the read's steps."""
+        if not feature.tier.decodes:
+            store, found = self.dataset.frames, self._frame_segments
+        elif self.dataset.hot_frames is not None and hot_tier(feature.tier) is not None:
+            store, found = self.dataset.hot_frames, self._hot_segments
+        else:
+            return False  # a decode per frame: not on the event loop
+        segment = store.mapped_segment(path)
+        if segment is None:
+            return False
+        found[path] = segment
+        return True
 
     def video_files(self, rows: RowsNeeded) -> dict[str, set[str]]:
         """The video files holding the frames of each camera `rows` asks for (windows lie in the same episodes)."""
@@ -179,6 +192,29 @@ class ViewRead:
         if not self.may_block:
             raise WouldBlock(f"the decoded-frame segment of {path} is not mapped")
         return self.dataset.frames.segment(path, frame_schema(feature), build=policy == "first-touch")
+
+    def pixel_segment(self, path: str, feature: VideoFeature, hot: bool = True) -> KeptFrames | None:
+        """The segment to read `feature`'s pixels of video file `path` from: its hot pixel segment where one is
+        built (the tier's round trip as raw pixels, `app.sources.frame_tiers.HotPixels`), else its tier's own
+        (`frame_segment`); None: decode on demand. A touch of a file of an encoded tier queues its hot segment's
+        build where the policy builds on first touch and the hot budget has room. Without `hot`, the tier's own
+        segment only (pixels to encode again must not have been encoded once already)."""
+        segment = self._hot_segment(path, feature) if hot else None
+        if segment is not None:
+            return KeptFrames(segment, hot_camera(feature))
+        segment = self.frame_segment(path, feature)
+        return None if segment is None else KeptFrames(segment, feature)
+
+    def _hot_segment(self, path: str, feature: VideoFeature) -> Segment | None:
+        """The hot pixel segment of a video file of `feature`, if built (and, on first touch, its build queued);
+        None without one: no hot layer, a raw tier, a resized read or on-demand frames."""
+        hot_frames, policy = self.dataset.hot_frames, self.dataset.limits.video_cache_policy
+        if hot_frames is None or hot_tier(feature.tier) is None or policy == "on-demand":
+            return None
+        segment = self._hot_segments.get(path)
+        if segment is not None or not self.may_block or feature.key in self.options.resized:
+            return segment
+        return hot_frames.segment(path, frame_schema(hot_camera(feature)), build=policy == "first-touch")
 
     def _row_sources(self, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
         numbers = distinct(files)
@@ -316,9 +352,7 @@ class ViewRead:
         order = located.order
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
         frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
-        deferred = None
-        if defer and not feature.tier.decodes and len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES:
-            deferred = self.pending
+        deferred = self.pending if defer and len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
         found = np.empty(len(located.episodes))
         file_of_position = times_of.file_of_row[order]
         for file, path in enumerate(times_of.paths):
@@ -331,8 +365,8 @@ class ViewRead:
                 picture_of_row[here] = back
                 positions = np.flatnonzero(file_of_position == file)
                 picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
-            segment = self.frame_segment(path, feature)
-            if segment is None:
+            kept = self.pixel_segment(path, feature, hot=not exact)
+            if kept is None:
                 if not self.may_block:
                     raise WouldBlock("camera frames are decoded off the event loop")
                 places, root, decoders = (
@@ -345,8 +379,8 @@ class ViewRead:
                     feature.tier.as_kept(frames, positions)
                 found[here] = at[back]
                 continue
-            pictures, batch_of, row_in_batch, at = nearest_pictures(segment, times, feature)
-            if deferred is not None:
+            pictures, batch_of, row_in_batch, at = nearest_pictures(kept.segment, times, kept.camera)
+            if deferred is not None and not kept.camera.tier.decodes:  # views of the map: sent from it
                 places = zip(batch_of[picks].tolist(), row_in_batch[picks].tolist(), strict=True)
                 deferred.add(frames, positions, [pictures[batch][row] for batch, row in places])
             else:
@@ -364,18 +398,10 @@ class ViewRead:
         if feature.key in self.options.resized:
             return None
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
-        segments = []
-        for path in times_of.paths:
-            segment = self.frame_segment(path, feature)
-            if segment is not None and not segment.at_path():
-                # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
-                # this map holds. Map the one there now (if any).
-                self.dataset.frames.forget(segment)
-                self._frame_segments.pop(path, None)
-                segment = self.frame_segment(path, feature)
-            if segment is None or not segment.at_path():
-                return None
-            segments.append(segment)
+        referable = self._referable(times_of.paths, feature)
+        if referable is None:
+            return None
+        segments, camera = referable
         found = np.empty(len(located.episodes))
         segment_of = np.empty(len(located.episodes), dtype=np.int32)
         row_of = np.empty(len(located.episodes), dtype=np.int64)
@@ -387,7 +413,31 @@ class ViewRead:
         wanted, tolerance_s = times_of.wanted, self.options.tolerance_s
         check_tolerance(feature.key, located.episodes, located.frame_index, wanted, found, tolerance_s)
         order = located.order
-        return reference_column(feature, segments, segment_of[order], row_of[order], self.dataset.frames.cache_root)
+        return reference_column(camera, segments, segment_of[order], row_of[order], self.dataset.frames.cache_root)
+
+    def _referable(self, paths: list[str], feature: VideoFeature) -> tuple[list[Segment], VideoFeature] | None:
+        """Segments of every one of `paths` that a client reads at their paths, all of one kind (one column
+        describes one), and the camera as they keep its frames: the hot layer's where every file is hot, else the
+        tier's own; None if some file is in neither (send pixels)."""
+        for hot in (True, False):
+            kept = [self._at_path(path, feature, hot) for path in paths]
+            kinds = {k.camera for k in kept if k is not None}
+            if None not in kept and len(kinds) == 1:
+                return [k.segment for k in kept if k is not None], kinds.pop()
+        return None
+
+    def _at_path(self, path: str, feature: VideoFeature, hot: bool) -> KeptFrames | None:
+        """`pixel_segment` of `path` if the file at its path is the one mapped (what a client reading that path
+        finds)."""
+        kept = self.pixel_segment(path, feature, hot)
+        if kept is not None and not kept.segment.at_path():
+            # Evicted or rebuilt by another process since this one mapped it: a client could not read the file
+            # this map holds. Map the one there now (if any).
+            self.dataset.frames.forget(kept.segment)
+            self._frame_segments.pop(path, None)
+            self._hot_segments.pop(path, None)
+            kept = self.pixel_segment(path, feature, hot)
+        return kept if kept is not None and kept.segment.at_path() else None
 
     def encoded_frame_column(self, feature: VideoFeature, located: LocatedRows) -> tuple[pa.Field, pa.Array]:
         """The camera column of `feature` for the `located` rows as encoded images (`frames=encoded`), checked
@@ -501,6 +551,15 @@ class ViewRead:
         for name, mask in pads:
             table = table.append_column(pa.field(name, mask.type), mask)
         return table
+
+
+@dataclass(frozen=True)
+class KeptFrames:
+    """A segment a camera's pixels are read from, and the camera as that segment keeps its frames (its tier's, or
+    the hot layer's over it)."""
+
+    segment: Segment
+    camera: VideoFeature
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@
 - `JpegTier`: each frame as one independently decodable JPEG (libjpeg-turbo through `simplejpeg`) at the served
   size, a binary column: a random access is one decode, the disk 4-6x the MP4s at quality 90-95. Lossy: the
   quality setting is stated wherever frames are described, and raw stays the default.
+- `HotPixels`: the hot layer over an encoded tier, for the files read most (`EPISERVE_VIDEO_HOT_BYTES`): raw-layout
+  pixels like `RawTier`'s, read as views of the map, but each frame is its tier's round trip (encoded and decoded
+  as that tier keeps it), so an answer is the same whether its frames came from the hot layer, the encoded
+  segments or the MP4.
 
 A tier is a small frozen value each camera carries (`VideoFeature.tier` in `app.sources.source`), so every piece
 of the read path asks the camera's tier instead of branching on it: the segment schema, the batches a build writes,
@@ -26,6 +30,7 @@ Shape = tuple[int, int, int]  # a frame's (height, width, channels)
 PTS, FRAME = "pts", "frame"
 # Field metadata of an encoded camera column (in segments, and on the wire with `frames=encoded`).
 ENCODING_KEY, SHAPE_KEY, QUALITY_KEY = b"episerve.encoding", b"shape", b"episerve.quality"
+ROUND_TRIP_KEY = b"episerve.round_trip"  # a hot segment's pixels: the round trip through this encoded tier
 SUBSAMPLINGS = ("420", "422", "444")
 DEFAULT_QUALITY, DEFAULT_SUBSAMPLING = 92, "444"  # `jpeg` alone (see `JpegTier`)
 # What a raw-tier camera is encoded at when a client asks for encoded frames: fewer bytes on the wire than the
@@ -163,6 +168,57 @@ class JpegTier:
 
     def __str__(self) -> str:
         return f"{self.name}:{self.quality}:{self.subsampling}"
+
+
+@dataclass(frozen=True)
+class HotPixels:
+    """The hot layer over the encoded tier `of`: raw-layout pixels, each frame `of`'s round trip.
+
+    Its segments read like raw ones (views of the map, sent from it, mapped by same-machine clients) but hold what
+    `of` serves, never the exact frames: which files happen to be hot never changes an answer. Its schema names
+    `of` (`episerve.round_trip`), so it differs from raw's and from `of`'s, and a hot segment is never taken for
+    one of theirs, nor for one over another quality."""
+
+    of: JpegTier
+    name: str = "hot"
+    decodes: bool = False
+    lossy: bool = True
+
+    def schema(self, shape: Shape) -> pa.Schema:
+        schema = RAW.schema(shape)
+        pixels = schema.field(FRAME)
+        kept = pixels.with_metadata({**pixels.metadata, ROUND_TRIP_KEY: str(self.of).encode()})
+        return schema.set(schema.get_field_index(FRAME), kept)
+
+    def batch(self, schema: pa.Schema, times: Sequence[float], images: np.ndarray) -> pa.RecordBatch:
+        self.of.as_kept(images, np.arange(len(images)))
+        return RAW.batch(schema, times, images)
+
+    def pictures(self, frames: pa.Array, shape: Shape) -> Pictures:
+        return RAW.pictures(frames, shape)
+
+    def as_kept(self, frames: np.ndarray, positions: np.ndarray) -> None:
+        self.of.as_kept(frames, positions)
+
+    def describe(self) -> dict[str, Any]:
+        return self.of.describe()
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.of}"
+
+
+def hot_tier(tier: FrameTier) -> HotPixels | None:
+    """The hot layer over `tier`: raw pixels of its round trip for a tier that decodes on every read; None for raw
+    frames, which are read as views already."""
+    return HotPixels(tier) if isinstance(tier, JpegTier) else None
+
+
+def kept_tier(tier: FrameTier, schema: pa.Schema, shape: Shape) -> FrameTier:
+    """Which of `tier` and its hot layer keeps segments of `schema` (a ValueError for neither)."""
+    for candidate in (tier, hot_tier(tier)):
+        if candidate is not None and candidate.schema(shape).equals(schema, check_metadata=True):
+            return candidate
+    raise ValueError(f"a segment schema that is neither the {tier} tier's nor its hot layer's")
 
 
 def decode_jpeg(data: bytes | pa.Buffer, shape: tuple[int, ...], into: np.ndarray | None = None) -> np.ndarray:

@@ -8,12 +8,14 @@ to `t` in the episode's own file (v2.1); farther than `tolerance_s` is an error,
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent import futures
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import pyarrow as pa
 from app.errors import DatasetError, InvalidInput
 from app.sources.decoders import DecoderPool
 from app.sources.files import DatasetPath, video_input
+from app.sources.frame_tiers import hot_tier, kept_tier
 from app.sources.source import SourceFingerprint, VideoFeature
 
 
@@ -211,6 +214,16 @@ def frame_schema(feature: VideoFeature) -> pa.Schema:
     return feature.tier.schema(feature.shape)
 
 
+@functools.lru_cache(maxsize=256)
+def hot_camera(feature: VideoFeature) -> VideoFeature:
+    """`feature` as its hot pixel segments keep its frames (`app.sources.frame_tiers.HotPixels`, over an encoded
+    tier only): `frame_schema(hot_camera(feature))` is the schema of its hot segments."""
+    hot = hot_tier(feature.tier)
+    if hot is None:
+        raise ValueError(f"camera {feature.key!r} keeps {feature.tier} frames, which have no hot layer")
+    return replace(feature, tier=hot)
+
+
 def video_fingerprint(root: DatasetPath, rel: str, feature: VideoFeature) -> SourceFingerprint:
     """A video file's identity (one stat, and the frame count from the container's header)."""
     import av
@@ -293,4 +306,8 @@ class CameraFiles:
         camera = self.camera_of(rel)
         if camera is None:
             return super().read_batches(rel, schema, batch_bytes, etag)  # type: ignore[misc]
-        return iter_frames(self.root, rel, camera, batch_bytes)
+        try:  # the camera's tier, or its hot layer (`app.sources.frame_tiers.HotPixels`): the schema says which
+            tier = kept_tier(camera.tier, schema, camera.shape)
+        except ValueError as exc:
+            raise DatasetError(f"decoded frames of {rel!r}: {exc}") from exc
+        return iter_frames(self.root, rel, replace(camera, tier=tier), batch_bytes)

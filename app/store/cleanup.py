@@ -11,7 +11,7 @@ from filelock import FileLock, Timeout
 
 from app.errors import ProblemError
 from app.store.dataset import Dataset
-from app.store.segment_files import STORE_DIRS, Removed, clean_temps, remove_file
+from app.store.segment_files import FRAME_STORE, HOT_FRAME_STORE, STORE_DIRS, Removed, clean_temps, remove_file
 from app.store.segments import SegmentStore
 from app.store.verify import built_frame_segments
 
@@ -70,16 +70,19 @@ def prune(cache_root: Path, datasets: list[Dataset]) -> Cleanup:
             if dataset.segments.built_size(source, index.schema) is not None
         }
         _remove_segments(directory / "segments", valid, cleanup)
-        _remove_segments(directory / "frames", _current_frame_segments(dataset), cleanup)
+        _remove_segments(directory / FRAME_STORE, _current_frame_segments(dataset, hot=False), cleanup)
+        _remove_segments(directory / HOT_FRAME_STORE, _current_frame_segments(dataset, hot=True), cleanup)
     return cleanup
 
 
-def _current_frame_segments(dataset: Dataset) -> set[str]:
-    """Names of the decoded-frame segments built for the dataset's current video files."""
-    current = set()
-    for rel, schema in built_frame_segments(dataset):
+def _current_frame_segments(dataset: Dataset, hot: bool) -> set[str]:
+    """Names of the decoded-frame segments (with `hot`, hot pixel segments) built for the dataset's current video
+    files under its current tier (none of the hot ones when the server keeps no hot layer)."""
+    store = dataset.hot_frames if hot else dataset.frames
+    current: set[str] = set()
+    for rel, schema in built_frame_segments(dataset, hot) if store is not None else []:
         with contextlib.suppress(ProblemError):  # a video gone or unreadable: its frames serve nothing
-            if dataset.frames.built_size(dataset.frames.file_fingerprint(rel), schema) is not None:
+            if store.built_size(store.file_fingerprint(rel), schema) is not None:
                 current.add(SegmentStore.segment_name(rel))
     return current
 

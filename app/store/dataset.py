@@ -31,7 +31,8 @@ from app.settings import Settings
 from app.sources import DatasetInfo, DatasetPath, Source, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
 from app.sources.files import ALL_THERE, FileSupply
-from app.sources.frame_tiers import parse_tier
+from app.sources.frame_tiers import hot_tier, parse_tier
+from app.sources.source import VideoFeature
 from app.store.episode_index import EpisodeIndex, file_identity, load_or_build_index
 from app.store.frame_budget import FrameBudget
 from app.store.frame_cache import FrameCache
@@ -39,7 +40,7 @@ from app.store.mapped_segments import Segment, SegmentLRU
 from app.store.read_memory import cold_read_memory
 from app.store.row_files import RowFiles
 from app.store.segment_builds import ProgressCallback
-from app.store.segment_files import clean_temps
+from app.store.segment_files import FRAME_STORE, HOT_FRAME_STORE, clean_temps
 from app.store.segments import SegmentStore, SourceChanged
 from app.store.store_waits import on_store
 from app.store.views import EpisodeView
@@ -51,17 +52,22 @@ log = logging.getLogger("episerve.cache")
 
 @dataclass(frozen=True)
 class SharedCaches:
-    """What every dataset of a process shares: the LRU of mapped segments, the video cache budget, the decoders."""
+    """What every dataset of a process shares: the LRU of mapped segments, the video cache budget, the hot pixel
+    budget (None: no hot layer), the decoders."""
 
     lru: SegmentLRU
     frame_budget: FrameBudget
     decoders: DecoderPool
+    hot_budget: FrameBudget | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> SharedCaches:
         lru = SegmentLRU(settings.max_open_segments)
-        budget = FrameBudget(settings.cache_dir / "datasets", settings.video_cache_bytes, lru)
-        return cls(lru, budget, DecoderPool(settings.video_decoders, settings.video_decode_threads))
+        datasets = settings.cache_dir / "datasets"
+        budget = FrameBudget(datasets, settings.video_cache_bytes, lru, FRAME_STORE)
+        hot_bytes = settings.video_hot_bytes
+        hot = FrameBudget(datasets, hot_bytes, lru, HOT_FRAME_STORE) if hot_bytes else None
+        return cls(lru, budget, DecoderPool(settings.video_decoders, settings.video_decode_threads), hot)
 
 
 class Dataset:
@@ -91,7 +97,13 @@ class Dataset:
         memory = cold_read_memory(limits.cold_read_memory)
         self.segments = SegmentStore(cache_dir / "segments", lru, batch_bytes, verify, memory=memory)
         self.rows = RowFiles(path, self.segments, limits)
-        self.frames = FrameCache(cache_dir / "frames", lru, shared.frame_budget, batch_bytes, verify)
+        self.frames = FrameCache(cache_dir / FRAME_STORE, lru, shared.frame_budget, batch_bytes, verify)
+        # The hot pixels over an encoded tier's segments (`app.sources.frame_tiers.HotPixels`), if configured.
+        self.hot_frames = (
+            None
+            if shared.hot_budget is None
+            else FrameCache(cache_dir / HOT_FRAME_STORE, lru, shared.hot_budget, batch_bytes, verify)
+        )
         self.decoders = shared.decoders
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way
 
@@ -141,6 +153,8 @@ class Dataset:
         self._source, self._index, self._full_view = source, index, EpisodeView.of(index)
         self.episode_column, self._watched, self._stamp = column, watched, stamped
         self.segments.reader = self.frames.reader = source
+        if self.hot_frames is not None:
+            self.hot_frames.reader = source
 
     def _mark_looked(self) -> None:
         self._looked_at, self.checked_at = time.monotonic(), time.time()
@@ -240,4 +254,13 @@ class Dataset:
         cameras = list(self.info().videos.values())
         if cameras:
             status["frame_segments"] = self.frames.status(cameras, index.total_rows)
+            status["frame_segments"]["hot"] = self.hot_status(cameras)
         return status
+
+    def hot_status(self, cameras: list[VideoFeature]) -> dict[str, Any] | None:
+        """The hot pixel segments over the cameras' encoded tier (built, bytes, the hot budget); None when the
+        server keeps no hot layer or no camera has an encoded tier."""
+        if self.hot_frames is None or not any(hot_tier(camera.tier) for camera in cameras):
+            return None
+        sizes = self.hot_frames.published_sizes()
+        return {"built": len(sizes), "bytes": sum(sizes), "budget_bytes": self.hot_frames.budget.limit}

@@ -1,5 +1,6 @@
 """The disk budget of decoded-frame segments (`EPISERVE_VIDEO_CACHE_BYTES`), shared by every dataset, worker and
-process using one cache directory.
+process using one cache directory; and, kept apart, the budget of the hot pixel segments over encoded tiers
+(`EPISERVE_VIDEO_HOT_BYTES`): each budget lists and evicts the segments of its own store directory only.
 
 A segment's last use is its sidecar's modification time, touched by the reads that use it (at most once a second
 per segment and process), so every process sees one least-recently-used order. Before a new segment is built, the
@@ -34,12 +35,14 @@ class _Resident:
 
 
 class FrameBudget:
-    """Keeps the decoded-frame segments under `datasets_dir/*/frames/` within `limit` bytes (None: no limit)."""
+    """Keeps the segments under `datasets_dir/*/<store>/` (every dataset's decoded-frame segments, or their hot
+    pixel segments) within `limit` bytes (None: no limit)."""
 
-    def __init__(self, datasets_dir: Path, limit: int | None, lru: SegmentLRU) -> None:
+    def __init__(self, datasets_dir: Path, limit: int | None, lru: SegmentLRU, store: str = "frames") -> None:
         self.datasets_dir = datasets_dir
         self.limit = limit
         self.lru = lru
+        self.store = store
         self.evicted = 0  # segments this process evicted (for tests and status)
         self._touched: dict[Path, float] = {}
         self._lock = threading.Lock()
@@ -49,10 +52,10 @@ class FrameBudget:
         if self.limit is None:
             return True
         if nbytes > self.limit:
-            log.info("decoded frames of %s (%.1f MB) exceed the video cache budget", arrow.name, nbytes / 1e6)
+            log.info("%s of %s (%.1f MB) exceed their budget", self.store, arrow.name, nbytes / 1e6)
             return False
         self.datasets_dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(self.datasets_dir / "frame-budget.lock"):
+        with FileLock(self.datasets_dir / self._lock_name):
             residents = sorted(self._residents(exclude=arrow), key=lambda r: r.used_at)
             used = sum(r.nbytes for r in residents)
             for victim in residents:
@@ -61,6 +64,10 @@ class FrameBudget:
                 if self._evict(victim):
                     used -= victim.nbytes
         return True
+
+    @property
+    def _lock_name(self) -> str:
+        return "frame-budget.lock" if self.store == "frames" else f"{self.store}-budget.lock"
 
     def touch(self, arrow: Path) -> bool:
         """Record a use of the segment at `arrow`; False if it has been evicted (then drop it from the open maps,
@@ -81,7 +88,7 @@ class FrameBudget:
 
     def _residents(self, exclude: Path | None) -> list[_Resident]:
         residents = []
-        for sidecar in self.datasets_dir.glob("*/frames/*.json"):
+        for sidecar in self.datasets_dir.glob(f"*/{self.store}/*.json"):
             arrow = sidecar.with_suffix(".arrow")
             if arrow == exclude:
                 continue
@@ -100,5 +107,5 @@ class FrameBudget:
             return False  # being built: not ours to take
         self.lru.discard(str(victim.arrow))
         self.evicted += 1
-        log.info("evicted decoded frames %s (%.1f MB): video cache budget", victim.arrow.name, victim.nbytes / 1e6)
+        log.info("evicted %s %s (%.1f MB): over budget", self.store, victim.arrow.name, victim.nbytes / 1e6)
         return True

@@ -58,7 +58,8 @@ def file_checksum(path: Path) -> str:
 
 
 TEMP_MAX_AGE_SECONDS = 300.0
-STORE_DIRS = ("segments", "frames")  # a dataset cache's segment stores: rows, and decoded camera frames
+FRAME_STORE, HOT_FRAME_STORE = "frames", "hot-frames"  # decoded camera frames, and the hot pixels over encoded ones
+STORE_DIRS = ("segments", FRAME_STORE, HOT_FRAME_STORE)  # a dataset cache's segment stores
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from app.sources import open_source
-from app.sources.video import frame_schema
+from app.sources.frame_tiers import hot_tier
+from app.sources.video import frame_schema, hot_camera
 from app.store.dataset import Dataset
 from app.store.episode_index import verify_persisted_index
 
@@ -30,8 +31,10 @@ def verify(dataset: Dataset, rebuild: bool = False) -> VerifyReport:
     report = VerifyReport(dataset.id, index_problem=_verify_index(dataset))
     index = dataset.index()
     segments = [(dataset.segments, source, index.schema) for source in index.files]
-    frames = built_frame_segments(dataset)
-    segments += [(dataset.frames, dataset.frames.file_fingerprint(rel), schema) for rel, schema in frames]
+    for store, hot in ((dataset.frames, False), (dataset.hot_frames, True)):
+        if store is not None:
+            built = built_frame_segments(dataset, hot)
+            segments += [(store, store.file_fingerprint(rel), schema) for rel, schema in built]
     for store, source, schema in segments:
         if not store.paths(source.path).arrow.exists():
             report.absent += 1
@@ -48,14 +51,19 @@ def verify(dataset: Dataset, rebuild: bool = False) -> VerifyReport:
     return report
 
 
-def built_frame_segments(dataset: Dataset) -> list[tuple[str, pa.Schema]]:
-    """(video file, frame schema) of the decoded-frame segments built so far (the others are not checked)."""
+def built_frame_segments(dataset: Dataset, hot: bool = False) -> list[tuple[str, pa.Schema]]:
+    """(video file, frame schema) of the decoded-frame segments built so far (the others are not checked); with
+    `hot`, of the hot pixel segments over the cameras' encoded tier."""
     source = dataset.source()
+    store = dataset.hot_frames if hot else dataset.frames
+    cameras = source.info.videos
+    if hot:
+        cameras = {key: hot_camera(c) for key, c in cameras.items() if hot_tier(c.tier) is not None}
     built: dict[str, pa.Schema] = {}
-    for episode in dataset.index().episodes.tolist() if source.info.videos else []:
-        for key, feature in source.info.videos.items():
+    for episode in dataset.index().episodes.tolist() if cameras and store is not None else []:
+        for key, feature in cameras.items():
             rel = source.episode_clip(key, int(episode)).path
-            if dataset.frames.paths(rel).arrow.exists() or dataset.frames.paths(rel).sidecar.exists():
+            if store.paths(rel).arrow.exists() or store.paths(rel).sidecar.exists():  # type: ignore[union-attr]
                 built[rel] = frame_schema(feature)
     return sorted(built.items())
 
