@@ -181,7 +181,10 @@ class Connection:
     def _receive_exactly(self, size: int, received: bytes) -> pa.Buffer:
         if len(received) > size:
             raise ProtocolError(f"the body is longer than its Content-Length ({size} bytes)")
-        buffer = pa.allocate_buffer(size)
+        try:
+            buffer = pa.allocate_buffer(size)
+        except (MemoryError, pa.ArrowException) as exc:
+            raise _unallocatable(size, exc) from exc
         with memoryview(buffer).cast("B") as target:
             target[: len(received)] = received
             self._fill(target, len(received), "body bytes")
@@ -195,7 +198,7 @@ class Connection:
         filled = 0
         while size := framing.next_chunk_size():
             if filled + size > buffer.size:
-                buffer.resize(max(filled + size, 2 * buffer.size, _FIRST_CHUNKED_BYTES), shrink_to_fit=False)
+                _resize(buffer, max(filled + size, 2 * buffer.size, _FIRST_CHUNKED_BYTES))
             with memoryview(buffer).cast("B")[filled : filled + size] as target:
                 taken = framing.take_into(target)
                 self._fill(target, taken, "a chunk's bytes")
@@ -264,6 +267,20 @@ def _serialized(request: Request, host: str) -> bytes:
     if any(c in head for c in "\0\x7f") or head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
         raise ValueError("a request header or target contains control characters")
     return (head + "\r\n\r\n").encode("latin-1") + request.body
+
+
+def _resize(buffer: pa.ResizableBuffer, size: int) -> None:
+    """Grow `buffer` to `size` bytes (keeping its capacity when smaller)."""
+    try:
+        buffer.resize(size, shrink_to_fit=False)
+    except (MemoryError, pa.ArrowException) as exc:
+        raise _unallocatable(size, exc) from exc
+
+
+def _unallocatable(size: int, exc: Exception) -> ProtocolError:
+    """A body size the server announced (a broken or hostile `Content-Length` or chunk size) that this process
+    cannot allocate: an answer the client cannot take, so a `TransportError` like any other, not a `MemoryError`."""
+    return ProtocolError(f"the server announced a body of {size} bytes, which cannot be allocated: {exc}")
 
 
 def _content_length(text: str) -> int:

@@ -136,3 +136,17 @@ def test_broken_framing_is_a_typed_error_never_a_body(
     transport = serve([_head() + framing])
     with pytest.raises(error, match=words):
         transport.handle_request(REQUEST)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        _head() + b"fffffffffffffff\r\nab",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999999999\r\n\r\nab",
+    ],
+    ids=["chunk-size", "content-length"],
+)
+def test_a_body_size_beyond_memory_is_a_protocol_error(serve: Callable[..., SocketTransport], answer: bytes) -> None:
+    transport = serve([answer])
+    with pytest.raises(ProtocolError, match="cannot be allocated"):
+        transport.handle_request(REQUEST)
