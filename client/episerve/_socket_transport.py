@@ -121,15 +121,21 @@ class Connection:
     def _read_head(self, head: _Head, reused: bool) -> bytes:
         """Parse the response head (after any informational 1xx answers); returns the bytes received after it."""
         received = b""
+        fed = 0  # the bytes of `received` the parser has seen: a head in progress, never a byte beyond it
         first = True
         while True:
-            end = received.find(b"\r\n\r\n")
+            end = received.find(b"\r\n\r\n", max(fed - 3, 0))
             if end >= 0:
-                self._feed(head.parser, received[: end + 4])
-                received = received[end + 4 :]
+                self._feed(head.parser, received[fed : end + 4])
+                received, fed = received[end + 4 :], 0
                 if head.head_done and head.parser.get_status_code() >= 200:
                     return received
                 continue  # a 1xx is followed by the real answer
+            # The head so far goes to the parser as it arrives, so that a malformed one (bare LF line ends, which
+            # llhttp rejects) fails at once instead of waiting for an end of head that never comes.
+            if fed < len(received):
+                self._feed(head.parser, received[fed:])
+                fed = len(received)
             if len(received) > _MAX_HEAD_BYTES:
                 raise ProtocolError(f"the response head is longer than {_MAX_HEAD_BYTES} bytes")
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -150,3 +151,21 @@ def test_a_body_size_beyond_memory_is_a_protocol_error(serve: Callable[..., Sock
     transport = serve([answer])
     with pytest.raises(ProtocolError, match="cannot be allocated"):
         transport.handle_request(REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"HTTP/1.1 200 OK\nContent-Length: 2\n\nab", "invalid response"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\n\r\nab", "invalid response"),
+    ],
+    ids=["bare-lf-lines", "bare-lf-in-a-header"],
+)
+def test_a_broken_head_on_a_connection_left_open_is_a_protocol_error_at_once(
+    serve: Callable[..., SocketTransport], answer: bytes, words: str
+) -> None:
+    transport = serve([answer], [])  # the server then waits for another request: the connection stays open
+    started = time.monotonic()
+    with pytest.raises(ProtocolError, match=words):
+        transport.handle_request(REQUEST)
+    assert time.monotonic() - started < 5  # not the read timeout (10 s)
