@@ -169,6 +169,8 @@ class Connection:
             parser.feed_data(data)
         except httptools.HttpParserError as exc:
             raise ProtocolError(f"invalid response from the server: {exc}") from exc
+        except httptools.HttpParserUpgrade as exc:  # not an HttpParserError: a 101 the client never asked for
+            raise ProtocolError("the server switched protocols (101 Upgrade) unasked") from exc
 
     def _receive(self, what: str, most: int = _RECV_BYTES) -> bytes:
         try:

@@ -158,8 +158,10 @@ def test_a_body_size_beyond_memory_is_a_protocol_error(serve: Callable[..., Sock
     [
         (b"HTTP/1.1 200 OK\nContent-Length: 2\n\nab", "invalid response"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2\n\r\nab", "invalid response"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n", "Upgrade"),
+        (b"HTTP/1.1 101 Switching Protocols\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nab", "Upgrade"),
     ],
-    ids=["bare-lf-lines", "bare-lf-in-a-header"],
+    ids=["bare-lf-lines", "bare-lf-in-a-header", "unasked-upgrade", "unasked-101"],
 )
 def test_a_broken_head_on_a_connection_left_open_is_a_protocol_error_at_once(
     serve: Callable[..., SocketTransport], answer: bytes, words: str
