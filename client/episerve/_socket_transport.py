@@ -156,7 +156,10 @@ class Connection:
     def _read_body(self, head: _Head, received: bytes) -> pa.Buffer:
         if head.message_done:
             return _EMPTY  # no body (204, 304, a Content-Length of 0)
-        if "chunked" in head.headers.get("transfer-encoding", "").lower():
+        codings = head.headers.get("transfer-encoding")
+        if codings is not None:  # the client sends no `TE`: chunked is the one transfer coding a server may use
+            if [coding.strip().lower() for coding in codings.split(",")] != ["chunked"]:
+                raise ProtocolError(f"unsupported transfer-coding {codings!r} (only chunked is accepted)")
             return self._receive_chunked(received)
         length = head.headers.get("content-length")
         if length is not None:  # into a buffer of the client's own, even when it all arrived

@@ -4,6 +4,7 @@ the first buffer, and broken framing, which is a typed error and never a wrong b
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import socket
 import threading
@@ -171,3 +172,19 @@ def test_a_broken_head_on_a_connection_left_open_is_a_protocol_error_at_once(
     with pytest.raises(ProtocolError, match=words):
         transport.handle_request(REQUEST)
     assert time.monotonic() - started < 5  # not the read timeout (10 s)
+
+
+@pytest.mark.parametrize("codings", [b"gzip, chunked", b"chunked, gzip", b"xchunked"])
+def test_a_transfer_coding_other_than_chunked_is_a_protocol_error_never_a_body(
+    serve: Callable[..., SocketTransport], codings: bytes
+) -> None:
+    body = gzip.compress(b"the body")
+    answer = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: "
+        + codings
+        + b"\r\nConnection: close\r\n\r\n"
+        + _chunked(body, [9, len(body) - 9])
+    )
+    transport = serve([answer])
+    with pytest.raises(ProtocolError, match="transfer-coding"):
+        transport.handle_request(REQUEST)
