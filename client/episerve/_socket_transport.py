@@ -121,15 +121,21 @@ class Connection:
     def _read_head(self, head: _Head, reused: bool) -> bytes:
         """Parse the response head (after any informational 1xx answers); returns the bytes received after it."""
         received = b""
+        fed = 0  # the bytes of `received` the parser has seen: a head in progress, never a byte beyond it
         first = True
         while True:
-            end = received.find(b"\r\n\r\n")
+            end = received.find(b"\r\n\r\n", max(fed - 3, 0))
             if end >= 0:
-                self._feed(head.parser, received[: end + 4])
-                received = received[end + 4 :]
+                self._feed(head.parser, received[fed : end + 4])
+                received, fed = received[end + 4 :], 0
                 if head.head_done and head.parser.get_status_code() >= 200:
                     return received
                 continue  # a 1xx is followed by the real answer
+            # The head so far goes to the parser as it arrives, so that a malformed one (bare LF line ends, which
+            # llhttp rejects) fails at once instead of waiting for an end of head that never comes.
+            if fed < len(received):
+                self._feed(head.parser, received[fed:])
+                fed = len(received)
             if len(received) > _MAX_HEAD_BYTES:
                 raise ProtocolError(f"the response head is longer than {_MAX_HEAD_BYTES} bytes")
             try:
@@ -150,7 +156,10 @@ class Connection:
     def _read_body(self, head: _Head, received: bytes) -> pa.Buffer:
         if head.message_done:
             return _EMPTY  # no body (204, 304, a Content-Length of 0)
-        if "chunked" in head.headers.get("transfer-encoding", "").lower():
+        codings = head.headers.get("transfer-encoding")
+        if codings is not None:  # the client sends no `TE`: chunked is the one transfer coding a server may use
+            if [coding.strip().lower() for coding in codings.split(",")] != ["chunked"]:
+                raise ProtocolError(f"unsupported transfer-coding {codings!r} (only chunked is accepted)")
             return self._receive_chunked(received)
         length = head.headers.get("content-length")
         if length is not None:  # into a buffer of the client's own, even when it all arrived
@@ -163,6 +172,8 @@ class Connection:
             parser.feed_data(data)
         except httptools.HttpParserError as exc:
             raise ProtocolError(f"invalid response from the server: {exc}") from exc
+        except httptools.HttpParserUpgrade as exc:  # not an HttpParserError: a 101 the client never asked for
+            raise ProtocolError("the server switched protocols (101 Upgrade) unasked") from exc
 
     def _receive(self, what: str, most: int = _RECV_BYTES) -> bytes:
         try:
@@ -181,7 +192,10 @@ class Connection:
     def _receive_exactly(self, size: int, received: bytes) -> pa.Buffer:
         if len(received) > size:
             raise ProtocolError(f"the body is longer than its Content-Length ({size} bytes)")
-        buffer = pa.allocate_buffer(size)
+        try:
+            buffer = pa.allocate_buffer(size)
+        except (MemoryError, pa.ArrowException) as exc:
+            raise _unallocatable(size, exc) from exc
         with memoryview(buffer).cast("B") as target:
             target[: len(received)] = received
             self._fill(target, len(received), "body bytes")
@@ -195,7 +209,7 @@ class Connection:
         filled = 0
         while size := framing.next_chunk_size():
             if filled + size > buffer.size:
-                buffer.resize(max(filled + size, 2 * buffer.size, _FIRST_CHUNKED_BYTES), shrink_to_fit=False)
+                _resize(buffer, max(filled + size, 2 * buffer.size, _FIRST_CHUNKED_BYTES))
             with memoryview(buffer).cast("B")[filled : filled + size] as target:
                 taken = framing.take_into(target)
                 self._fill(target, taken, "a chunk's bytes")
@@ -264,6 +278,20 @@ def _serialized(request: Request, host: str) -> bytes:
     if any(c in head for c in "\0\x7f") or head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
         raise ValueError("a request header or target contains control characters")
     return (head + "\r\n\r\n").encode("latin-1") + request.body
+
+
+def _resize(buffer: pa.ResizableBuffer, size: int) -> None:
+    """Grow `buffer` to `size` bytes (keeping its capacity when smaller)."""
+    try:
+        buffer.resize(size, shrink_to_fit=False)
+    except (MemoryError, pa.ArrowException) as exc:
+        raise _unallocatable(size, exc) from exc
+
+
+def _unallocatable(size: int, exc: Exception) -> ProtocolError:
+    """A body size the server announced (a broken or hostile `Content-Length` or chunk size) that this process
+    cannot allocate: an answer the client cannot take, so a `TransportError` like any other, not a `MemoryError`."""
+    return ProtocolError(f"the server announced a body of {size} bytes, which cannot be allocated: {exc}")
 
 
 def _content_length(text: str) -> int:

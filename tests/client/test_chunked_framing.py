@@ -4,9 +4,11 @@ the first buffer, and broken framing, which is a typed error and never a wrong b
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -135,4 +137,54 @@ def test_broken_framing_is_a_typed_error_never_a_body(
 ) -> None:
     transport = serve([_head() + framing])
     with pytest.raises(error, match=words):
+        transport.handle_request(REQUEST)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        _head() + b"fffffffffffffff\r\nab",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999999999\r\n\r\nab",
+    ],
+    ids=["chunk-size", "content-length"],
+)
+def test_a_body_size_beyond_memory_is_a_protocol_error(serve: Callable[..., SocketTransport], answer: bytes) -> None:
+    transport = serve([answer])
+    with pytest.raises(ProtocolError, match="cannot be allocated"):
+        transport.handle_request(REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"HTTP/1.1 200 OK\nContent-Length: 2\n\nab", "invalid response"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\n\r\nab", "invalid response"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n", "Upgrade"),
+        (b"HTTP/1.1 101 Switching Protocols\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nab", "Upgrade"),
+    ],
+    ids=["bare-lf-lines", "bare-lf-in-a-header", "unasked-upgrade", "unasked-101"],
+)
+def test_a_broken_head_on_a_connection_left_open_is_a_protocol_error_at_once(
+    serve: Callable[..., SocketTransport], answer: bytes, words: str
+) -> None:
+    transport = serve([answer], [])  # the server then waits for another request: the connection stays open
+    started = time.monotonic()
+    with pytest.raises(ProtocolError, match=words):
+        transport.handle_request(REQUEST)
+    assert time.monotonic() - started < 5  # not the read timeout (10 s)
+
+
+@pytest.mark.parametrize("codings", [b"gzip, chunked", b"chunked, gzip", b"xchunked"])
+def test_a_transfer_coding_other_than_chunked_is_a_protocol_error_never_a_body(
+    serve: Callable[..., SocketTransport], codings: bytes
+) -> None:
+    body = gzip.compress(b"the body")
+    answer = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: "
+        + codings
+        + b"\r\nConnection: close\r\n\r\n"
+        + _chunked(body, [9, len(body) - 9])
+    )
+    transport = serve([answer])
+    with pytest.raises(ProtocolError, match="transfer-coding"):
         transport.handle_request(REQUEST)
