@@ -50,6 +50,10 @@ class CoalescedWrites:
         self.flush()
         self._transport.close()
 
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
     def abort(self) -> None:
         self._held = []
         self._transport.abort()
