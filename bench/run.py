@@ -4,11 +4,11 @@
     python -m bench.run --compare REF [--only P1,P2,P3,P9,P12] [--rounds 3] [--quick]   (the regression guard)
 
 Steps: generate (or reuse) the datasets in the work dir; convert them once for the peers (an Arrow IPC file for
-the mmap and Flight peers, the HF `datasets` cache); run the cold-cache figures (P6, P8, P4), each with its own
-empty caches; start the warm episerve server (2 workers), the Flight peer and the loopback ceiling; run the warm
-figures (P5, P1, P2, P3, P7); run the camera figures (P9, and P10 and P15 on the same datasets), the mixture
-figures (P12, P13), the sharing figure (P14) and the frame tiers (P16), which generate their own datasets and
-start their own servers; print the table and write it to `bench/results/<date>-<mode>.md`.
+the mmap and Flight peers, the HF `datasets` cache); run the cold-cache figures (P6, P8, P11, P4, and P17 from a
+local Hub), each with its own empty caches; start the warm episerve server (2 workers), the Flight peer and the
+loopback ceiling; run the warm figures (P5, P1, P2, P3, P7); run the camera figures (P9, and P10 and P15 on the
+same datasets), the mixture figures (P12, P13), the sharing figure (P14) and the frame tiers (P16), which generate
+their own datasets and start their own servers; print the table and write it to `bench/results/<date>-<mode>.md`.
 """
 
 from __future__ import annotations
@@ -58,9 +58,16 @@ def _figures() -> tuple[dict[str, Figure], dict[str, Figure], dict[str, Figure]]
         p14_sharing,
         p15_lerobot_train,
         p16_frame_tiers,
+        p17_hub_cold,
     )
 
-    cold = {"P6": p6_build.run, "P8": p8_cold.run, "P11": p11_object_store.run, "P4": p4_disk.run}
+    cold = {
+        "P6": p6_build.run,
+        "P8": p8_cold.run,
+        "P11": p11_object_store.run,
+        "P4": p4_disk.run,
+        "P17": p17_hub_cold.run,
+    }
     warm = {"P5": p5_memory.run, "P1": p1_stream.run, "P2": p2_take.run, "P3": p3_loader.run, "P7": p7_windows.run}
     own = {
         "P9": p9_camera.run,

@@ -111,8 +111,21 @@ def _inram(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     return run
 
 
+def _hub_job(side: str) -> Callable[[dict[str, Any]], Callable[[], dict[str, Any]]]:
+    """P17's cold Hub pick, read from episerve or downloaded by LeRobot (`bench/hub_first_batch.py`)."""
+
+    def job(args: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+        from bench import hub_first_batch
+
+        return hub_first_batch.episerve_job(args) if side == "episerve" else hub_first_batch.lerobot_job(args)
+
+    return job
+
+
 JOBS: dict[str, Callable[[dict[str, Any]], Callable[[], dict[str, Any]]]] = {
     "episerve-build": _episerve_build,
+    "episerve-hub-batch": _hub_job("episerve"),
+    "lerobot-hub-batch": _hub_job("lerobot"),
     "hf-load": _hf_load,
     "hf-load-s3": _hf_load_s3,
     "inram": _inram,

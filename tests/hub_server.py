@@ -4,6 +4,8 @@ dataset repository, over datasets the test suite writes: `HF_ENDPOINT` points th
 - `GET /api/datasets/{repo}/revision/{revision}`: repo info (`sha`, `siblings`; with `blobs=true` each file's `size`,
   `blobId` and, for LFS files, `lfs` with its `sha256`), a branch resolved to its commit;
 - `GET /api/datasets/{repo}/tree/{revision}?recursive=true`: the file listing (`type`, `path`, `size`, `oid`, `lfs`);
+- `GET /api/datasets/{repo}/refs`: the branches and tags (`name`, `ref`, `targetCommit`), as `HfApi.list_repo_refs`
+  reads them (LeRobot's `LeRobotDataset` looks for a tag naming its codebase version, `v3.0`, and downloads that);
 - `HEAD`/`GET /datasets/{repo}/resolve/{revision}/{path}`: a file, with `X-Repo-Commit`, `ETag` (the git blob id) or,
   for an LFS file, `X-Linked-Etag` (its SHA-256) and `X-Linked-Size`, and `Content-Length` (what
   `file_download.get_hf_file_metadata` relies on), and `Range` requests (a resumed download).
@@ -13,7 +15,8 @@ As on the Hub, parquet and mp4 files are LFS files. Errors carry `X-Error-Code` 
 typed errors. Faults for tests: a gated repo (403 unless the request carries its token), a file whose next download is
 cut midway or corrupted (same size, one byte changed), files whose downloads fail with a 500 until told otherwise, and
 repos whose downloads are slow, and a branch that moves to a new commit right after it is first resolved.
-`fetched` logs every GET of a file, as (repo id, path); `resolves` every repo info request, as (repo id, revision).
+`fetched` logs every GET of a file, as (repo id, path); `resolves` every repo info request, as (repo id, revision);
+`served` counts the bytes of file bodies sent, by repo id.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class HubRepo:
 
     files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # commit -> path -> content
     branches: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
     token: str | None = None  # gated: only requests with this token may read it
 
     def commit(self, directory: Path, branch: str = "main") -> str:
@@ -52,6 +56,10 @@ class HubRepo:
         self.branches[branch] = sha
         return sha
 
+    def tag(self, name: str, branch: str = "main") -> None:
+        """Tag the commit `branch` names now as `name` (LeRobot tags a dataset with its codebase version)."""
+        self.tags[name] = self.branches[branch]
+
 
 class FakeHub:
     """The server, run in a thread on 127.0.0.1 and a free port; `url` is what `HF_ENDPOINT` takes."""
@@ -63,6 +71,7 @@ class FakeHub:
         self.delays: dict[str, float] = {}  # repo id -> seconds every GET of one of its files waits first
         self.fetched: list[tuple[str, str]] = []  # (repo id, path) of every GET of a file, in order
         self.resolves: list[tuple[str, str]] = []  # (repo id, revision asked) of every repo info request, in order
+        self.served: dict[str, int] = {}  # repo id -> bytes of whole file bodies sent (ranged GETs included)
         self.move_after_resolve: dict[str, Path] = {}  # repo id -> a new commit of its branch, once one is resolved
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -70,6 +79,7 @@ class FakeHub:
             routes=[
                 Route("/api/datasets/{owner}/{name}/revision/{revision:path}", self._info),
                 Route("/api/datasets/{owner}/{name}/tree/{revision:path}", self._tree),
+                Route("/api/datasets/{owner}/{name}/refs", self._refs),
                 Route("/datasets/{owner}/{name}/resolve/{revision}/{path:path}", self._file, methods=["GET", "HEAD"]),
             ]
         )
@@ -88,15 +98,22 @@ class FakeHub:
 
     # -- the API ---------------------------------------------------------------------------------------------------
 
-    def _resolve(self, request: Request) -> tuple[str, HubRepo, str, dict[str, bytes]] | Response:
+    def _repo(self, request: Request) -> tuple[str, HubRepo] | Response:
         repo_id = f"{request.path_params['owner']}/{request.path_params['name']}"
         repo = self.repos.get(repo_id)
         if repo is None:
             return _error(404, "RepoNotFound", "Repository not found")
         if repo.token is not None and request.headers.get("authorization") != f"Bearer {repo.token}":
             return _error(403, "GatedRepo", "Access to this repository is restricted")
+        return repo_id, repo
+
+    def _resolve(self, request: Request) -> tuple[str, HubRepo, str, dict[str, bytes]] | Response:
+        found = self._repo(request)
+        if isinstance(found, Response):
+            return found
+        repo_id, repo = found
         revision = request.path_params["revision"]
-        sha = repo.branches.get(revision, revision)
+        sha = repo.branches.get(revision) or repo.tags.get(revision) or revision
         if sha not in repo.files:
             return _error(404, "RevisionNotFound", "Invalid rev id")
         return repo_id, repo, sha, repo.files[sha]
@@ -144,6 +161,20 @@ class FakeHub:
         entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in directories]
         return JSONResponse(entries)
 
+    async def _refs(self, request: Request) -> Response:
+        found = self._repo(request)
+        if isinstance(found, Response):
+            return found
+        _, repo = found
+        refs: dict[str, list[dict[str, str]]] = {
+            "branches": [_ref("heads", name, sha) for name, sha in repo.branches.items()],
+            "converts": [],
+            "tags": [_ref("tags", name, sha) for name, sha in repo.tags.items()],
+        }
+        if request.query_params.get("include_prs"):
+            refs["pullRequests"] = []
+        return JSONResponse(refs)
+
     async def _file(self, request: Request) -> Response:
         found = self._resolve(request)
         if isinstance(found, Response):
@@ -176,7 +207,13 @@ class FakeHub:
             return StreamingResponse(_cut_midway(body), status_code=206 if start else 200, headers=headers)
         if fault == "corrupt":
             body = body[:-1] + bytes([body[-1] ^ 0xFF])
+        self.served[repo_id] = self.served.get(repo_id, 0) + len(body)
         return Response(body, status_code=206 if start else 200, headers=headers)
+
+
+def _ref(kind: str, name: str, sha: str) -> dict[str, str]:
+    """A branch (`kind` "heads") or tag ("tags") as `GET /api/datasets/{repo}/refs` lists it."""
+    return {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": sha}
 
 
 def _is_lfs(path: str) -> bool:

@@ -366,6 +366,31 @@ def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
     assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)  # nothing fetched again
 
 
+# -- the local Hub ---------------------------------------------------------------------------------------------
+
+
+def test_the_local_hub_lists_branches_and_tags_and_a_tag_resolves_as_lerobot_asks(
+    hub: FakeHub, source: Path, tmp_path: Path
+) -> None:
+    from huggingface_hub import HfApi, hf_hub_download
+
+    repo = hub.repos["lerobot/tagged"] = HubRepo()
+    commit = repo.commit(source)
+    repo.tag("v3.0")  # LeRobot's LeRobotDataset downloads the tag naming its codebase version
+    api = HfApi(endpoint=hub.url)
+
+    refs = api.list_repo_refs("lerobot/tagged", repo_type="dataset")
+
+    assert [(r.name, r.ref, r.target_commit) for r in refs.branches] == [("main", "refs/heads/main", commit)]
+    assert [(r.name, r.ref, r.target_commit) for r in refs.tags] == [("v3.0", "refs/tags/v3.0", commit)]
+    assert api.dataset_info("lerobot/tagged", revision="v3.0").sha == commit
+    info = hf_hub_download(
+        "lerobot/tagged", "meta/info.json", repo_type="dataset", revision="v3.0", local_dir=tmp_path, endpoint=hub.url
+    )
+    assert Path(info).read_bytes() == (source / "meta/info.json").read_bytes()
+    assert hub.served["lerobot/tagged"] == (source / "meta/info.json").stat().st_size
+
+
 # -- problems ----------------------------------------------------------------------------------------------------
 
 
