@@ -376,7 +376,8 @@ def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> in
                 directories = sorted(p for p in (settings.cache_dir / "datasets").glob("*") if p.is_dir())
             cleanup = clear(directories)
         else:
-            cleanup = prune(settings.cache_dir, [catalog.get(dataset_id) for dataset_id in catalog.ids()])
+            datasets = [catalog.get(dataset_id) for dataset_id in catalog.ids()]
+            cleanup = prune(settings.cache_dir, datasets, kept=catalog.hub_cache_dirs())
     except ProblemError as exc:
         print(f"episerve-server cache {args.action}: {exc.detail}", file=sys.stderr)
         return 2

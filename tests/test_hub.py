@@ -366,6 +366,43 @@ def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
     assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)  # nothing fetched again
 
 
+def warmed(server: ServerProcess, repo_id: str) -> None:
+    """Every segment of a Hub dataset built by the server (`POST /cache`, waited for)."""
+    with server.client() as http:
+        assert ready(http, repo_id).status_code == 200
+        assert http.post(f"/datasets/{repo_id}/cache").status_code == 202
+        eventually(lambda: (http.get(f"/datasets/{repo_id}/cache").json()["warming"] or {}).get("state") == "done", 60)
+
+
+def test_cache_prune_keeps_the_caches_of_configured_and_pinned_hub_datasets(
+    hub: FakeHub, source: Path, tmp_path: Path
+) -> None:
+    for repo_id in ("prune/configured", "prune/allowed"):
+        hub.repos[repo_id] = HubRepo()
+        hub.repos[repo_id].commit(source)
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="prune/configured", EPISERVE_HUB_ALLOW="prune/*")
+    cache, root = tmp_path / "cache", empty_root(tmp_path)
+    with ServerProcess([root], cache, env=env) as server:
+        warmed(server, "prune/configured")
+        warmed(server, "prune/allowed")  # named on first use: pinned, not configured
+    segments = {p: p.stat().st_ino for p in (cache / "datasets").rglob("segments/*.arrow")}
+    assert len(segments) == 2 * len(list((source / "data").rglob("*.parquet")))
+    gone = cache / "datasets" / "gone-0123456789ab" / "segments"
+    gone.mkdir(parents=True)
+    (gone / "0.arrow").write_bytes(b"x" * 10)  # the cache of a dataset no root or pin offers
+
+    pruned = cli({**env, "EPISERVE_HUB_ALLOW": ""}, "cache", "prune", "--root", str(root), "--cache-dir", str(cache))
+    assert pruned.returncode == 0, pruned.stderr
+    assert "gone-0123456789ab/segments/0.arrow (10 bytes)" in pruned.stdout and not gone.exists()
+    assert {p: p.stat().st_ino for p in (cache / "datasets").rglob("segments/*.arrow")} == segments  # kept as they are
+    with ServerProcess([root], cache, env=env) as server:
+        for repo_id in ("prune/configured", "prune/allowed"):
+            commit, rows = served(server, repo_id)
+            assert rows.equals(expected_rows(source, list(range(6))))
+        with server.client() as http:
+            assert http.get("/datasets/prune/allowed/cache").json()["segments_built"] == len(segments) // 2
+
+
 # -- problems ----------------------------------------------------------------------------------------------------
 
 

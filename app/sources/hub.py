@@ -148,6 +148,16 @@ class HubDatasets:
             progress(*snapshot.progress())
         return self.path(repo_id)
 
+    def known(self) -> list[str]:
+        """The Hub datasets this cache directory serves, as far as a process can tell without asking the Hub: the
+        configured ones and every one pinned (a dataset a client named on first use is pinned then)."""
+        return sorted(set(self.configured) | {pin.repo_id for pin in self.pins.all()})
+
+    @staticmethod
+    def directory(repo_id: str) -> Path:
+        """The local directory of `repo_id`'s files (LeRobot's own place for them)."""
+        return lerobot_home() / repo_id
+
     def revision(self, repo_id: str) -> str:
         """The revision `repo_id` is served at: the configured one, else `main`."""
         return self.configured.get(repo_id, "main")
@@ -161,7 +171,7 @@ class HubDatasets:
                 snapshot = HubSnapshot(
                     repo_id,
                     self.revision(repo_id),
-                    lerobot_home() / repo_id,
+                    self.directory(repo_id),
                     self.records / repo_id,
                     self.pins,
                     self._pool,
