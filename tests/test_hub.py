@@ -397,7 +397,7 @@ def test_cache_prune_keeps_the_caches_of_configured_and_pinned_hub_datasets(
     assert {p: p.stat().st_ino for p in (cache / "datasets").rglob("segments/*.arrow")} == segments  # kept as they are
     with ServerProcess([root], cache, env=env) as server:
         for repo_id in ("prune/configured", "prune/allowed"):
-            commit, rows = served(server, repo_id)
+            _, rows = served(server, repo_id)
             assert rows.equals(expected_rows(source, list(range(6))))
         with server.client() as http:
             assert http.get("/datasets/prune/allowed/cache").json()["segments_built"] == len(segments) // 2
