@@ -189,7 +189,7 @@ class Catalog:
         validate_dataset_id(dataset_id)
         path = self._paths.get(dataset_id)
         if path is None and self.hub.offers(dataset_id):
-            path = self.hub.path(dataset_id)  # a 503 with the progress until its metadata and data files are there
+            path = self.hub.path(dataset_id)  # a 503 with the progress until its metadata is there
             with self._lock:
                 self._paths.setdefault(dataset_id, path)
         if path is None:
