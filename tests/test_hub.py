@@ -93,10 +93,26 @@ def expected_rows(source: Path, episodes: list[int]) -> pa.Table:
     return table.sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
 
 
-def before_serving(dataset: Path) -> set[str]:
-    """The files of a dataset fetched before it is served: all but the camera videos."""
+def not_videos(dataset: Path) -> set[str]:
+    """The files of a dataset but its camera videos."""
     files = {p.relative_to(dataset).as_posix() for p in dataset.rglob("*") if p.is_file()}
     return {path for path in files if not path.startswith("videos/")}
+
+
+def before_serving(dataset: Path) -> set[str]:
+    """The files of a LeRobot dataset fetched before it is served: all but the data files and camera videos, and its
+    first data file (the schema of its rows)."""
+    data = sorted(path for path in not_videos(dataset) if path.startswith("data/"))
+    return {path for path in not_videos(dataset) if not path.startswith("data/")} | set(data[:1])
+
+
+def data_of(dataset: Path, episodes: list[int]) -> set[str]:
+    """The data files holding rows of `episodes` (read from the files themselves)."""
+    held = set()
+    for path in sorted((dataset / "data").rglob("*.parquet")):
+        if set(pq.read_table(path, columns=["episode_index"])["episode_index"].to_pylist()) & set(episodes):
+            held.add(path.relative_to(dataset).as_posix())
+    return held
 
 
 def videos_of(dataset: Path, episodes: list[int]) -> set[str]:
@@ -164,7 +180,7 @@ def cams_server(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.mark.parametrize(("repo_id", "name"), [("cams/v21", "cams-v21"), ("cams/v3", "cams-v3")])
-def test_a_cold_read_of_one_episode_fetches_only_its_video_files(
+def test_a_cold_read_of_one_episode_fetches_only_its_data_and_video_files(
     hub: FakeHub, cams_server: ServerProcess, video_root: Path, repo_id: str, name: str
 ) -> None:
     dataset = video_root / name
@@ -173,19 +189,98 @@ def test_a_cold_read_of_one_episode_fetches_only_its_video_files(
     assert table.num_rows == len(expected_rows(dataset, [4]))
     assert_frames(table, dataset, CAMERAS)
     videos = videos_of(dataset, [4])  # v2.1: the episode's own files; v3.0: the files holding it and others
-    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | videos)
+    needed = before_serving(dataset) | data_of(dataset, [4]) | videos
+    assert sorted(fetched(hub, repo_id)) == sorted(needed)
     with cams_server.client() as http:
         progress = http.get(f"/datasets/{repo_id}/cache").json()["hub"]
-    assert progress["files_done"] == len(before_serving(dataset)) + len(videos)
+    assert progress["files_done"] == len(needed)
     assert progress["fetching"] == {"files": 0, "bytes": 0, "bytes_done": 0, "first": []}
     log = cams_server.log_path.read_text()
-    for video in videos:
-        assert f"Hub dataset {repo_id}: fetched {video}" in log
+    for path in needed - before_serving(dataset):
+        assert f"Hub dataset {repo_id}: fetched {path}" in log
     # Read again, nothing more is fetched.
     with episerve.Client(cams_server.url) as client:
         again = client.rows(repo_id, episodes=[4], columns=["episode_index", "frame_index", *CAMERAS])
     assert again.equals(table)
-    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | videos)
+    assert sorted(fetched(hub, repo_id)) == sorted(needed)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LeRobot datasets without cameras, of several data files: `data-v3` (v3.0, 9 episodes in 3 files) and
+    `data-v21` (v2.1, one file per episode)."""
+    root = tmp_path_factory.mktemp("data-root")
+    write_demo_dataset(root / "data-v3", format="v3.0", episodes=9, seed=5, files=3, cameras={})
+    write_demo_dataset(root / "data-v21", format="v2.1", episodes=9, seed=5, cameras={})
+    return root
+
+
+def cold(hub: FakeHub, repo_id: str, dataset: Path) -> None:
+    """`repo_id` on the Hub: `dataset`'s files, which no server has fetched yet."""
+    hub.repos[repo_id] = HubRepo()
+    hub.repos[repo_id].commit(dataset)
+
+
+@pytest.mark.parametrize("name", ["data-v21", "data-v3"])
+def test_a_cold_read_of_one_episode_fetches_its_data_files_and_the_metadata_only(
+    hub: FakeHub, cams_server: ServerProcess, data_root: Path, name: str
+) -> None:
+    dataset, repo_id = data_root / name, f"cams/cold-{name}"
+    cold(hub, repo_id, dataset)
+    everything = expected_rows(dataset, list(range(9)))
+    with cams_server.client() as http:
+        described = ready(http, repo_id)  # answered from the metadata and the first data file alone
+        assert described.status_code == 200, described.text
+        assert (described.json()["rows"], described.json()["episodes"]) == (everything.num_rows, 9)
+        assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset))
+        wanted = sorted(data_of(dataset, [4]))
+        assert wanted and not set(wanted) & before_serving(dataset)  # not fetched yet
+        first = http.get(f"/datasets/{repo_id}/rows", params={"episodes": "4", "columns": ",".join(COLUMNS)})
+        assert_problem(first, 503, *wanted)  # one 503 naming the files, with the progress, before any row is read
+        assert first.headers["Retry-After"] and "/" in first.headers["X-Download-Progress"]
+    with episerve.Client(cams_server.url) as client:  # it waits out the 503s while the file downloads
+        table = client.rows(repo_id, episodes=[4], columns=COLUMNS)
+        assert table.equals(expected_rows(dataset, [4]))
+        assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | data_of(dataset, [4]))
+        assert client.rows(repo_id, columns=COLUMNS).equals(everything)  # and the others, as a read needs them
+    assert sorted(fetched(hub, repo_id)) == sorted(not_videos(dataset))
+
+
+def test_takes_over_two_episodes_in_one_request_fetch_both_ones_data_files(
+    hub: FakeHub, cams_server: ServerProcess, data_root: Path
+) -> None:
+    dataset, repo_id = data_root / "data-v3", "cams/takes-v3"
+    cold(hub, repo_id, dataset)
+    picks = [4, 7]
+    assert len(data_of(dataset, picks)) == 2 and not data_of(dataset, picks) & before_serving(dataset)
+    takes = [(episerve.Selection.of(repo_id, [episode], COLUMNS), [0, 3, 1]) for episode in picks]
+    with episerve.Client(cams_server.url) as client:  # one POST /takes: both files fetched at once, waited out
+        answers = client.read_takes(takes)
+    for episode, pages in zip(picks, answers, strict=True):
+        assert pages.table.equals(expected_rows(dataset, [episode]).take([0, 3, 1]))
+    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | data_of(dataset, picks))
+
+
+def test_remote_lerobot_dataset_in_dataloader_workers_reads_a_cold_hub_dataset(
+    hub: FakeHub, cams_server: ServerProcess, data_root: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    from episerve.lerobot import RemoteLeRobotDataset
+    from tests.client.test_lerobot import assert_same_sample, reference
+
+    dataset, repo_id = data_root / "data-v3", "cams/loader-v3"
+    cold(hub, repo_id, dataset)
+    remote = RemoteLeRobotDataset(cams_server.url, repo_id, episodes=[1, 7])
+    expected = reference(dataset, (1, 7))
+    assert len(remote) == len(expected)
+    assert not data_of(dataset, [1, 7]) <= set(fetched(hub, repo_id))  # no row read yet
+    loader = torch.utils.data.DataLoader(remote, batch_size=None, num_workers=2)  # the workers' reads fetch
+    seen = 0
+    for i, sample in enumerate(loader):
+        assert_same_sample(sample, expected.item(i), f"sample {i}")
+        seen += 1
+    assert seen == len(expected)
+    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | data_of(dataset, [1, 7]))
 
 
 def test_takes_of_several_hub_datasets_in_one_request_fetch_each_ones_video_files(
@@ -301,7 +396,7 @@ def test_the_pinned_commit_outlives_a_restart_and_moves_only_when_the_operator_r
     assert commit == new and rows.equals(expected_rows(second, [0, 1, 2, 3, 4, 5]))  # and the old commit's files gone
     local = tmp_path / "hf" / "lerobot" / "lerobot" / "moving"
     files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file() and ".cache" not in p.parts}
-    assert files == before_serving(second)
+    assert files == not_videos(second)  # every row was read: every data file fetched
 
     unknown = cli(env, "hub", "refresh", "lerobot/moving@v9", "--cache-dir", str(cache))
     assert unknown.returncode == 2 and "has no revision 'v9'" in unknown.stderr
@@ -329,7 +424,7 @@ def test_every_worker_serves_the_commit_the_first_resolve_pinned_though_the_bran
 
 
 def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
-    hub: FakeHub, video_root: Path, tmp_path: Path
+    hub: FakeHub, video_root: Path, data_root: Path, tmp_path: Path
 ) -> None:
     dataset = video_root / "cams-v3"
     hub.repos["cams/warm"] = HubRepo()
@@ -349,21 +444,34 @@ def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
         str(cache),
     )
     assert warmed.returncode == 0, warmed.stderr
-    assert "downloading cams/warm (metadata and data)" in warmed.stderr  # the progress bars
+    assert "downloading cams/warm (metadata)" in warmed.stderr  # the progress bars
+    assert "downloading cams/warm data files" in warmed.stderr
     assert "downloading cams/warm videos" in warmed.stderr
-    videos = videos_of(dataset, [2])
+    videos, data = videos_of(dataset, [2]), data_of(dataset, [2]) - before_serving(dataset)
+    assert f"cams/warm: {len(data_of(dataset, [2]))} data files needed, {len(data)} downloaded" in warmed.stdout
     assert f"cams/warm: {len(videos)} video files needed, {len(videos)} downloaded" in warmed.stdout
-    assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)
+    needed = before_serving(dataset) | data | videos
+    assert sorted(fetched(hub, "cams/warm")) == sorted(needed)
     columns = ["episode_index", "frame_index", *CAMERAS]
     with ServerProcess([empty_root(tmp_path)], cache, env=env) as server:
         with episerve.Client(server.url) as client:  # it waits out the revision's lookup at first use
             table = client.rows("cams/warm", episodes=[2], columns=columns)
         with server.client() as http:
             progress = http.get("/datasets/cams/warm/cache").json()["hub"]
-    assert progress["files_done"] == len(before_serving(dataset) | videos) and progress["fetching"]["files"] == 0
+    assert progress["files_done"] == len(needed) and progress["fetching"]["files"] == 0
     assert table.num_rows == len(expected_rows(dataset, [2]))
     assert_frames(table, dataset, CAMERAS)
-    assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)  # nothing fetched again
+    assert sorted(fetched(hub, "cams/warm")) == sorted(needed)  # nothing fetched again
+
+    # The data files of the episodes warmed, and no other.
+    cold(hub, "cams/warm-data", data_root / "data-v3")
+    location = ["--root", str(empty_root(tmp_path)), "--cache-dir", str(cache)]
+    warmed = cli(env, "warm", "cams/warm-data", "--episodes", "7", *location)
+    assert warmed.returncode == 0, warmed.stderr
+    assert "cams/warm-data: 1 data files needed, 1 downloaded" in warmed.stdout
+    assert "cams/warm-data: 1 segments needed, 1 built" in warmed.stdout
+    needed = before_serving(data_root / "data-v3") | data_of(data_root / "data-v3", [7])
+    assert sorted(fetched(hub, "cams/warm-data")) == sorted(needed)
 
 
 def warmed(server: ServerProcess, repo_id: str) -> None:
