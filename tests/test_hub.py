@@ -1,11 +1,14 @@
 """Datasets from the Hugging Face Hub by repo id, against a real server and a local server that speaks the Hub's API
-(tests/hub_server.py, `HF_ENDPOINT`). What is fetched when: a dataset is served once its metadata and data files are
-downloaded (the pinned commit shown), and a camera's video file is fetched when a read first needs it — a cold read
-of one episode downloads that episode's video files and no other — with the progress in `/cache` and the log. Rows
-and frames equal the files'; `RemoteLeRobotDataset` and `EpisodeDataset` through DataLoader workers need no manual
-step, and the client waits out a download that moves however long it takes. The commit a revision names is pinned:
+(tests/hub_server.py, `HF_ENDPOINT`). What is fetched when: a dataset is served once its metadata and first data file
+are downloaded (the pinned commit shown, its episodes and rows described from the metadata), and a data file or a
+camera's video file is fetched when a read first needs it — a cold read of one episode (v2.1 and v3.0) downloads that
+episode's data and video files and no other, a `/takes` over two episodes both ones' — with one 503 and the progress
+meanwhile, and in `/cache` and the log. Rows and frames equal the files'; `RemoteLeRobotDataset` and `EpisodeDataset`
+through DataLoader workers need no manual step, from a cold start too, and the client waits out a download that moves
+however long it takes. The commit a revision names is pinned:
 a restart and every worker of a server serve it though the branch moves, until the operator's `hub refresh`; `warm`
-downloads a Hub dataset's files ahead of the first read. Unknown repos, missing revisions, gated
+downloads a Hub dataset's files ahead of the first read (the data files of the episodes warmed, and no other), and
+`cache prune` keeps Hub datasets' caches. Unknown repos, missing revisions, gated
 repos without a token, repos the server may not fetch, a failing Hub, a connection dropped mid-download and a corrupt
 download are each a clear problem, nothing half-downloaded or corrupt is served, and a retry later succeeds; offline,
 what is downloaded is served."""

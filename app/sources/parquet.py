@@ -103,6 +103,7 @@ class ParquetSource:
             absent = self._absent_fingerprint(rel)
             if absent is not None:
                 return absent
+            self.supply.at_hand([rel])  # nothing to hold it by: fetched now (a 503 meanwhile), then read
         path = self.root / rel
         try:
             stat = path.stat()
