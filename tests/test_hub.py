@@ -264,6 +264,33 @@ def test_takes_over_two_episodes_in_one_request_fetch_both_ones_data_files(
     assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | data_of(dataset, picks))
 
 
+def test_a_take_whose_later_pieces_lie_in_a_data_file_fetched_since_the_index_was_read_is_answered_whole(
+    hub: FakeHub, data_root: Path, tmp_path: Path
+) -> None:
+    dataset, repo_id = data_root / "data-v3", "lazy/pieces"
+    cold(hub, repo_id, dataset)
+    (first_file,) = data_of(dataset, [1]) & before_serving(dataset)  # fetched before serving
+    (later_file,) = data_of(dataset, [7]) - before_serving(dataset)  # fetched by the take
+    source = pq.read_table(sorted((dataset / "data").rglob("*.parquet")))
+    source = source.filter(pa.compute.is_in(source["episode_index"], pa.array([1, 7], source["episode_index"].type)))
+    lengths = [source["episode_index"].to_pylist().count(episode) for episode in (1, 7)]
+    # Episode 1's rows, then episode 7's, each many times over: several pieces of 4 MiB, the later ones in episode 7.
+    indices = [i % lengths[0] for i in range(6000)] + [lengths[0] + i % lengths[1] for i in range(6000)]
+    columns = [*COLUMNS, "observation.image"]
+    body = {"episodes": "1,7", "indices": indices, "columns": columns}
+    # No look at the files but the reads' own: the index read before the later file came is the one a read finds.
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB=repo_id, EPISERVE_RESCAN_INTERVAL_S="3600")
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
+        assert ready(http, repo_id).status_code == 200
+        assert_problem(http.post(f"/datasets/{repo_id}/rows/take", json=body), 503, later_file)
+        eventually(lambda: http.get(f"/datasets/{repo_id}/cache").json()["hub"]["fetching"]["files"] == 0, 60)
+        answer = http.post(f"/datasets/{repo_id}/rows/take", json=body)
+        assert answer.status_code == 200, answer.text
+        table = pa.ipc.open_stream(answer.content).read_all()
+    assert table.select(columns).to_pylist() == source.select(columns).take(indices).to_pylist()
+    assert first_file != later_file
+
+
 def test_remote_lerobot_dataset_in_dataloader_workers_reads_a_cold_hub_dataset(
     hub: FakeHub, cams_server: ServerProcess, data_root: Path
 ) -> None:

@@ -14,6 +14,7 @@ read source files cold, compute windows and decode camera frames.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, replace
 
@@ -105,9 +106,10 @@ class RowRead:
 
     def files_at_hand(self) -> None:
         """After `check`: make sure the data and video files the answer is read from can be opened (see
-        `ViewRead.files_at_hand`)."""
+        `ViewRead.files_at_hand`). A file fetched since the snapshot was read is read again as the answer is."""
         assert self._plan is not None, "check() first"
-        self._plan.files_at_hand()
+        with contextlib.suppress(SourceChanged):
+            self._plan.files_at_hand()
 
     @property
     def inline_bytes(self) -> int:
