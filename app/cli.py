@@ -243,7 +243,7 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
     from app.reads.episode_spec import parse_episode_spec
     from app.reads.frames import video_files_needed
     from app.reads.service import files_needed
-    from app.store.warming import warm, warm_videos
+    from app.store.warming import fetch_files, warm, warm_videos
 
     from_hub = args.dataset not in catalog.ids() and catalog.hub.offers(args.dataset)
     if args.dataset not in catalog.ids() and not from_hub:
@@ -251,11 +251,15 @@ def _warm(catalog: Catalog, args: argparse.Namespace) -> int:
         return 2
     try:
         if from_hub:
-            with _download_bar(f"downloading {args.dataset} (metadata and data)") as progress:
+            with _download_bar(f"downloading {args.dataset} (metadata)") as progress:
                 catalog.hub.prepare(args.dataset, progress)
         dataset = catalog.get(args.dataset)
         ranges = parse_episode_spec(args.episodes, 10**9) if args.episodes else None
         needed = files_needed(dataset, ranges)
+        if dataset.supply.fetches:
+            with _download_bar(f"downloading {dataset.id} data files") as progress:
+                files, nbytes = fetch_files(dataset, needed, progress)
+            print(f"{dataset.id}: {len(needed)} data files needed, {files} downloaded ({nbytes / 1e6:.1f} MB)")
         videos = video_files_needed(dataset, ranges) if args.videos else []
         if videos and dataset.supply.fetches:
             with _download_bar(f"downloading {dataset.id} videos") as progress:
@@ -387,7 +391,8 @@ def _cache(catalog: Catalog, settings: Settings, args: argparse.Namespace) -> in
                 directories = sorted(p for p in (settings.cache_dir / "datasets").glob("*") if p.is_dir())
             cleanup = clear(directories)
         else:
-            cleanup = prune(settings.cache_dir, [catalog.get(dataset_id) for dataset_id in catalog.ids()])
+            datasets = [catalog.get(dataset_id) for dataset_id in catalog.ids()]
+            cleanup = prune(settings.cache_dir, datasets, kept=catalog.hub_cache_dirs())
     except ProblemError as exc:
         print(f"episerve-server cache {args.action}: {exc.detail}", file=sys.stderr)
         return 2

@@ -36,8 +36,8 @@ class Settings(BaseSettings):
     hub: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Datasets served from the Hugging Face Hub by repo id, `OWNER/NAME[@REVISION]`, comma-separated "
-        "(e.g. `lerobot/pusht@main`): metadata and data files fetched into LeRobot's place for them (HF_HOME) from "
-        "the start, in the background; camera videos as reads need them.",
+        "(e.g. `lerobot/pusht@main`): metadata fetched into LeRobot's place for them (HF_HOME) from the start, in "
+        "the background; a LeRobot dataset's data files and camera videos as reads need them.",
     )
     hub_allow: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

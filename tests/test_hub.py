@@ -1,11 +1,14 @@
 """Datasets from the Hugging Face Hub by repo id, against a real server and a local server that speaks the Hub's API
-(tests/hub_server.py, `HF_ENDPOINT`). What is fetched when: a dataset is served once its metadata and data files are
-downloaded (the pinned commit shown), and a camera's video file is fetched when a read first needs it — a cold read
-of one episode downloads that episode's video files and no other — with the progress in `/cache` and the log. Rows
-and frames equal the files'; `RemoteLeRobotDataset` and `EpisodeDataset` through DataLoader workers need no manual
-step, and the client waits out a download that moves however long it takes. The commit a revision names is pinned:
+(tests/hub_server.py, `HF_ENDPOINT`). What is fetched when: a dataset is served once its metadata and first data file
+are downloaded (the pinned commit shown, its episodes and rows described from the metadata), and a data file or a
+camera's video file is fetched when a read first needs it — a cold read of one episode (v2.1 and v3.0) downloads that
+episode's data and video files and no other, a `/takes` over two episodes both ones' — with one 503 and the progress
+meanwhile, and in `/cache` and the log. Rows and frames equal the files'; `RemoteLeRobotDataset` and `EpisodeDataset`
+through DataLoader workers need no manual step, from a cold start too, and the client waits out a download that moves
+however long it takes. The commit a revision names is pinned:
 a restart and every worker of a server serve it though the branch moves, until the operator's `hub refresh`; `warm`
-downloads a Hub dataset's files ahead of the first read. Unknown repos, missing revisions, gated
+downloads a Hub dataset's files ahead of the first read (the data files of the episodes warmed, and no other), and
+`cache prune` keeps Hub datasets' caches. Unknown repos, missing revisions, gated
 repos without a token, repos the server may not fetch, a failing Hub, a connection dropped mid-download and a corrupt
 download are each a clear problem, nothing half-downloaded or corrupt is served, and a retry later succeeds; offline,
 what is downloaded is served."""
@@ -93,10 +96,26 @@ def expected_rows(source: Path, episodes: list[int]) -> pa.Table:
     return table.sort_by([("episode_index", "ascending"), ("frame_index", "ascending")])
 
 
-def before_serving(dataset: Path) -> set[str]:
-    """The files of a dataset fetched before it is served: all but the camera videos."""
+def not_videos(dataset: Path) -> set[str]:
+    """The files of a dataset but its camera videos."""
     files = {p.relative_to(dataset).as_posix() for p in dataset.rglob("*") if p.is_file()}
     return {path for path in files if not path.startswith("videos/")}
+
+
+def before_serving(dataset: Path) -> set[str]:
+    """The files of a LeRobot dataset fetched before it is served: all but the data files and camera videos, and its
+    first data file (the schema of its rows)."""
+    data = sorted(path for path in not_videos(dataset) if path.startswith("data/"))
+    return {path for path in not_videos(dataset) if not path.startswith("data/")} | set(data[:1])
+
+
+def data_of(dataset: Path, episodes: list[int]) -> set[str]:
+    """The data files holding rows of `episodes` (read from the files themselves)."""
+    held = set()
+    for path in sorted((dataset / "data").rglob("*.parquet")):
+        if set(pq.read_table(path, columns=["episode_index"])["episode_index"].to_pylist()) & set(episodes):
+            held.add(path.relative_to(dataset).as_posix())
+    return held
 
 
 def videos_of(dataset: Path, episodes: list[int]) -> set[str]:
@@ -164,7 +183,7 @@ def cams_server(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.mark.parametrize(("repo_id", "name"), [("cams/v21", "cams-v21"), ("cams/v3", "cams-v3")])
-def test_a_cold_read_of_one_episode_fetches_only_its_video_files(
+def test_a_cold_read_of_one_episode_fetches_only_its_data_and_video_files(
     hub: FakeHub, cams_server: ServerProcess, video_root: Path, repo_id: str, name: str
 ) -> None:
     dataset = video_root / name
@@ -173,19 +192,125 @@ def test_a_cold_read_of_one_episode_fetches_only_its_video_files(
     assert table.num_rows == len(expected_rows(dataset, [4]))
     assert_frames(table, dataset, CAMERAS)
     videos = videos_of(dataset, [4])  # v2.1: the episode's own files; v3.0: the files holding it and others
-    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | videos)
+    needed = before_serving(dataset) | data_of(dataset, [4]) | videos
+    assert sorted(fetched(hub, repo_id)) == sorted(needed)
     with cams_server.client() as http:
         progress = http.get(f"/datasets/{repo_id}/cache").json()["hub"]
-    assert progress["files_done"] == len(before_serving(dataset)) + len(videos)
+    assert progress["files_done"] == len(needed)
     assert progress["fetching"] == {"files": 0, "bytes": 0, "bytes_done": 0, "first": []}
     log = cams_server.log_path.read_text()
-    for video in videos:
-        assert f"Hub dataset {repo_id}: fetched {video}" in log
+    for path in needed - before_serving(dataset):
+        assert f"Hub dataset {repo_id}: fetched {path}" in log
     # Read again, nothing more is fetched.
     with episerve.Client(cams_server.url) as client:
         again = client.rows(repo_id, episodes=[4], columns=["episode_index", "frame_index", *CAMERAS])
     assert again.equals(table)
-    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | videos)
+    assert sorted(fetched(hub, repo_id)) == sorted(needed)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LeRobot datasets without cameras, of several data files: `data-v3` (v3.0, 9 episodes in 3 files) and
+    `data-v21` (v2.1, one file per episode)."""
+    root = tmp_path_factory.mktemp("data-root")
+    write_demo_dataset(root / "data-v3", format="v3.0", episodes=9, seed=5, files=3, cameras={})
+    write_demo_dataset(root / "data-v21", format="v2.1", episodes=9, seed=5, cameras={})
+    return root
+
+
+def cold(hub: FakeHub, repo_id: str, dataset: Path) -> None:
+    """`repo_id` on the Hub: `dataset`'s files, which no server has fetched yet."""
+    hub.repos[repo_id] = HubRepo()
+    hub.repos[repo_id].commit(dataset)
+
+
+@pytest.mark.parametrize("name", ["data-v21", "data-v3"])
+def test_a_cold_read_of_one_episode_fetches_its_data_files_and_the_metadata_only(
+    hub: FakeHub, cams_server: ServerProcess, data_root: Path, name: str
+) -> None:
+    dataset, repo_id = data_root / name, f"cams/cold-{name}"
+    cold(hub, repo_id, dataset)
+    everything = expected_rows(dataset, list(range(9)))
+    with cams_server.client() as http:
+        described = ready(http, repo_id)  # answered from the metadata and the first data file alone
+        assert described.status_code == 200, described.text
+        assert (described.json()["rows"], described.json()["episodes"]) == (everything.num_rows, 9)
+        assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset))
+        wanted = sorted(data_of(dataset, [4]))
+        assert wanted and not set(wanted) & before_serving(dataset)  # not fetched yet
+        first = http.get(f"/datasets/{repo_id}/rows", params={"episodes": "4", "columns": ",".join(COLUMNS)})
+        assert_problem(first, 503, *wanted)  # one 503 naming the files, with the progress, before any row is read
+        assert first.headers["Retry-After"] and "/" in first.headers["X-Download-Progress"]
+    with episerve.Client(cams_server.url) as client:  # it waits out the 503s while the file downloads
+        table = client.rows(repo_id, episodes=[4], columns=COLUMNS)
+        assert table.equals(expected_rows(dataset, [4]))
+        assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | data_of(dataset, [4]))
+        assert client.rows(repo_id, columns=COLUMNS).equals(everything)  # and the others, as a read needs them
+    assert sorted(fetched(hub, repo_id)) == sorted(not_videos(dataset))
+
+
+def test_takes_over_two_episodes_in_one_request_fetch_both_ones_data_files(
+    hub: FakeHub, cams_server: ServerProcess, data_root: Path
+) -> None:
+    dataset, repo_id = data_root / "data-v3", "cams/takes-v3"
+    cold(hub, repo_id, dataset)
+    picks = [4, 7]
+    assert len(data_of(dataset, picks)) == 2 and not data_of(dataset, picks) & before_serving(dataset)
+    takes = [(episerve.Selection.of(repo_id, [episode], COLUMNS), [0, 3, 1]) for episode in picks]
+    with episerve.Client(cams_server.url) as client:  # one POST /takes: both files fetched at once, waited out
+        answers = client.read_takes(takes)
+    for episode, pages in zip(picks, answers, strict=True):
+        assert pages.table.equals(expected_rows(dataset, [episode]).take([0, 3, 1]))
+    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | data_of(dataset, picks))
+
+
+def test_a_take_whose_later_pieces_lie_in_a_data_file_fetched_since_the_index_was_read_is_answered_whole(
+    hub: FakeHub, data_root: Path, tmp_path: Path
+) -> None:
+    dataset, repo_id = data_root / "data-v3", "lazy/pieces"
+    cold(hub, repo_id, dataset)
+    (first_file,) = data_of(dataset, [1]) & before_serving(dataset)  # fetched before serving
+    (later_file,) = data_of(dataset, [7]) - before_serving(dataset)  # fetched by the take
+    source = pq.read_table(sorted((dataset / "data").rglob("*.parquet")))
+    source = source.filter(pa.compute.is_in(source["episode_index"], pa.array([1, 7], source["episode_index"].type)))
+    lengths = [source["episode_index"].to_pylist().count(episode) for episode in (1, 7)]
+    # Episode 1's rows, then episode 7's, each many times over: several pieces of 4 MiB, the later ones in episode 7.
+    indices = [i % lengths[0] for i in range(6000)] + [lengths[0] + i % lengths[1] for i in range(6000)]
+    columns = [*COLUMNS, "observation.image"]
+    body = {"episodes": "1,7", "indices": indices, "columns": columns}
+    # No look at the files but the reads' own: the index read before the later file came is the one a read finds.
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB=repo_id, EPISERVE_RESCAN_INTERVAL_S="3600")
+    with ServerProcess([empty_root(tmp_path)], tmp_path / "cache", env=env) as server, server.client() as http:
+        assert ready(http, repo_id).status_code == 200
+        assert_problem(http.post(f"/datasets/{repo_id}/rows/take", json=body), 503, later_file)
+        eventually(lambda: http.get(f"/datasets/{repo_id}/cache").json()["hub"]["fetching"]["files"] == 0, 60)
+        answer = http.post(f"/datasets/{repo_id}/rows/take", json=body)
+        assert answer.status_code == 200, answer.text
+        table = pa.ipc.open_stream(answer.content).read_all()
+    assert table.select(columns).to_pylist() == source.select(columns).take(indices).to_pylist()
+    assert first_file != later_file
+
+
+def test_remote_lerobot_dataset_in_dataloader_workers_reads_a_cold_hub_dataset(
+    hub: FakeHub, cams_server: ServerProcess, data_root: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    from episerve.lerobot import RemoteLeRobotDataset
+    from tests.client.test_lerobot import assert_same_sample, reference
+
+    dataset, repo_id = data_root / "data-v3", "cams/loader-v3"
+    cold(hub, repo_id, dataset)
+    remote = RemoteLeRobotDataset(cams_server.url, repo_id, episodes=[1, 7])
+    expected = reference(dataset, (1, 7))
+    assert len(remote) == len(expected)
+    assert not data_of(dataset, [1, 7]) <= set(fetched(hub, repo_id))  # no row read yet
+    loader = torch.utils.data.DataLoader(remote, batch_size=None, num_workers=2)  # the workers' reads fetch
+    seen = 0
+    for i, sample in enumerate(loader):
+        assert_same_sample(sample, expected.item(i), f"sample {i}")
+        seen += 1
+    assert seen == len(expected)
+    assert sorted(fetched(hub, repo_id)) == sorted(before_serving(dataset) | data_of(dataset, [1, 7]))
 
 
 def test_takes_of_several_hub_datasets_in_one_request_fetch_each_ones_video_files(
@@ -301,7 +426,7 @@ def test_the_pinned_commit_outlives_a_restart_and_moves_only_when_the_operator_r
     assert commit == new and rows.equals(expected_rows(second, [0, 1, 2, 3, 4, 5]))  # and the old commit's files gone
     local = tmp_path / "hf" / "lerobot" / "lerobot" / "moving"
     files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file() and ".cache" not in p.parts}
-    assert files == before_serving(second)
+    assert files == not_videos(second)  # every row was read: every data file fetched
 
     unknown = cli(env, "hub", "refresh", "lerobot/moving@v9", "--cache-dir", str(cache))
     assert unknown.returncode == 2 and "has no revision 'v9'" in unknown.stderr
@@ -329,7 +454,7 @@ def test_every_worker_serves_the_commit_the_first_resolve_pinned_though_the_bran
 
 
 def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
-    hub: FakeHub, video_root: Path, tmp_path: Path
+    hub: FakeHub, video_root: Path, data_root: Path, tmp_path: Path
 ) -> None:
     dataset = video_root / "cams-v3"
     hub.repos["cams/warm"] = HubRepo()
@@ -349,21 +474,71 @@ def test_warm_downloads_a_hub_datasets_files_so_a_first_read_finds_them_there(
         str(cache),
     )
     assert warmed.returncode == 0, warmed.stderr
-    assert "downloading cams/warm (metadata and data)" in warmed.stderr  # the progress bars
+    assert "downloading cams/warm (metadata)" in warmed.stderr  # the progress bars
+    assert "downloading cams/warm data files" in warmed.stderr
     assert "downloading cams/warm videos" in warmed.stderr
-    videos = videos_of(dataset, [2])
+    videos, data = videos_of(dataset, [2]), data_of(dataset, [2]) - before_serving(dataset)
+    assert f"cams/warm: {len(data_of(dataset, [2]))} data files needed, {len(data)} downloaded" in warmed.stdout
     assert f"cams/warm: {len(videos)} video files needed, {len(videos)} downloaded" in warmed.stdout
-    assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)
+    needed = before_serving(dataset) | data | videos
+    assert sorted(fetched(hub, "cams/warm")) == sorted(needed)
     columns = ["episode_index", "frame_index", *CAMERAS]
     with ServerProcess([empty_root(tmp_path)], cache, env=env) as server:
         with episerve.Client(server.url) as client:  # it waits out the revision's lookup at first use
             table = client.rows("cams/warm", episodes=[2], columns=columns)
         with server.client() as http:
             progress = http.get("/datasets/cams/warm/cache").json()["hub"]
-    assert progress["files_done"] == len(before_serving(dataset) | videos) and progress["fetching"]["files"] == 0
+    assert progress["files_done"] == len(needed) and progress["fetching"]["files"] == 0
     assert table.num_rows == len(expected_rows(dataset, [2]))
     assert_frames(table, dataset, CAMERAS)
-    assert sorted(fetched(hub, "cams/warm")) == sorted(before_serving(dataset) | videos)  # nothing fetched again
+    assert sorted(fetched(hub, "cams/warm")) == sorted(needed)  # nothing fetched again
+
+    # The data files of the episodes warmed, and no other.
+    cold(hub, "cams/warm-data", data_root / "data-v3")
+    location = ["--root", str(empty_root(tmp_path)), "--cache-dir", str(cache)]
+    warmed = cli(env, "warm", "cams/warm-data", "--episodes", "7", *location)
+    assert warmed.returncode == 0, warmed.stderr
+    assert "cams/warm-data: 1 data files needed, 1 downloaded" in warmed.stdout
+    assert "cams/warm-data: 1 segments needed, 1 built" in warmed.stdout
+    needed = before_serving(data_root / "data-v3") | data_of(data_root / "data-v3", [7])
+    assert sorted(fetched(hub, "cams/warm-data")) == sorted(needed)
+
+
+def warmed(server: ServerProcess, repo_id: str) -> None:
+    """Every segment of a Hub dataset built by the server (`POST /cache`, waited for)."""
+    with server.client() as http:
+        assert ready(http, repo_id).status_code == 200
+        assert http.post(f"/datasets/{repo_id}/cache").status_code == 202
+        eventually(lambda: (http.get(f"/datasets/{repo_id}/cache").json()["warming"] or {}).get("state") == "done", 60)
+
+
+def test_cache_prune_keeps_the_caches_of_configured_and_pinned_hub_datasets(
+    hub: FakeHub, source: Path, tmp_path: Path
+) -> None:
+    for repo_id in ("prune/configured", "prune/allowed"):
+        hub.repos[repo_id] = HubRepo()
+        hub.repos[repo_id].commit(source)
+    env = hub_env(hub, tmp_path / "hf", EPISERVE_HUB="prune/configured", EPISERVE_HUB_ALLOW="prune/*")
+    cache, root = tmp_path / "cache", empty_root(tmp_path)
+    with ServerProcess([root], cache, env=env) as server:
+        warmed(server, "prune/configured")
+        warmed(server, "prune/allowed")  # named on first use: pinned, not configured
+    segments = {p: p.stat().st_ino for p in (cache / "datasets").rglob("segments/*.arrow")}
+    assert len(segments) == 2 * len(list((source / "data").rglob("*.parquet")))
+    gone = cache / "datasets" / "gone-0123456789ab" / "segments"
+    gone.mkdir(parents=True)
+    (gone / "0.arrow").write_bytes(b"x" * 10)  # the cache of a dataset no root or pin offers
+
+    pruned = cli({**env, "EPISERVE_HUB_ALLOW": ""}, "cache", "prune", "--root", str(root), "--cache-dir", str(cache))
+    assert pruned.returncode == 0, pruned.stderr
+    assert "gone-0123456789ab/segments/0.arrow (10 bytes)" in pruned.stdout and not gone.exists()
+    assert {p: p.stat().st_ino for p in (cache / "datasets").rglob("segments/*.arrow")} == segments  # kept as they are
+    with ServerProcess([root], cache, env=env) as server:
+        for repo_id in ("prune/configured", "prune/allowed"):
+            _, rows = served(server, repo_id)
+            assert rows.equals(expected_rows(source, list(range(6))))
+        with server.client() as http:
+            assert http.get("/datasets/prune/allowed/cache").json()["segments_built"] == len(segments) // 2
 
 
 # -- the local Hub ---------------------------------------------------------------------------------------------

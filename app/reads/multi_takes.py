@@ -54,8 +54,8 @@ class TakesRead:
 
     def check(self) -> None:
         """Raise the first take's problem, if any, before any is answered (loading indexes: it may block); then make
-        sure the video files of every take's frames can be opened, all at once (a Hub dataset fetches those not
-        there yet: the first take's 503 is raised once every take's fetches are under way)."""
+        sure the data and video files every take is read from can be opened, all at once (a Hub dataset fetches
+        those not there yet: the first take's 503 is raised once every take's fetches are under way)."""
         for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
             with naming(number, take):
                 read.check()
@@ -64,7 +64,7 @@ class TakesRead:
         for number, (take, read) in enumerate(zip(self.takes, self.reads, strict=True)):
             try:
                 with naming(number, take):
-                    read.videos_at_hand()
+                    read.files_at_hand()
             except TryLater as exc:
                 waiting.append(exc)
         if waiting:

@@ -14,6 +14,7 @@ read source files cold, compute windows and decode camera frames.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, replace
 
@@ -103,11 +104,12 @@ class RowRead:
         if self._plan is None:
             self._plan = self._planned(self.dataset.index())
 
-    def videos_at_hand(self) -> None:
-        """After `check`: make sure the video files of the frames the answer holds can be opened (see
-        `ViewRead.videos_at_hand`)."""
+    def files_at_hand(self) -> None:
+        """After `check`: make sure the data and video files the answer is read from can be opened (see
+        `ViewRead.files_at_hand`). A file fetched since the snapshot was read is read again as the answer is."""
         assert self._plan is not None, "check() first"
-        self._plan.videos_at_hand()
+        with contextlib.suppress(SourceChanged):
+            self._plan.files_at_hand()
 
     @property
     def inline_bytes(self) -> int:
@@ -229,9 +231,9 @@ class _Prepared:
         windowed = self.spec.offsets if self.spec is not None else {}
         return (*self.plain_cameras, *(key for key in windowed if key in self.read.cameras))
 
-    def videos_at_hand(self, rows: np.ndarray | range) -> None:
-        """Make sure the video files of the frames of view `rows` can be opened (see `ViewRead.videos_at_hand`)."""
-        self.read.videos_at_hand(RowsNeeded(rows, self.stored, False, self.cameras_read))
+    def files_at_hand(self, rows: np.ndarray | range) -> None:
+        """Make sure the data and video files of view `rows` can be opened (see `ViewRead.files_at_hand`)."""
+        self.read.files_at_hand(RowsNeeded(rows, self.stored, False, self.cameras_read))
 
     def check_size(self, rows: int) -> int:
         """Problems for windows or camera frames of `rows` rows beyond the limits; the bytes of their frames."""
@@ -277,7 +279,7 @@ class _Plan:
     def decide(self) -> bool:
         raise NotImplementedError
 
-    def videos_at_hand(self) -> None:
+    def files_at_hand(self) -> None:
         raise NotImplementedError
 
     def answer(self) -> Answer | NotModified:
@@ -305,8 +307,8 @@ class _SlicePlan(_Plan):
         rows = RowsNeeded(range(self.lo, self.hi), self.prepared.stored, False, self.prepared.plain_cameras)
         return self.read.answerable_from_maps(rows)
 
-    def videos_at_hand(self) -> None:
-        self.prepared.videos_at_hand(range(self.lo, self.hi))
+    def files_at_hand(self) -> None:
+        self.prepared.files_at_hand(range(self.lo, self.hi))
 
     def headers(self) -> dict[str, str]:
         request, read = self.of.request, self.read
@@ -329,7 +331,7 @@ class _SlicePlan(_Plan):
             headers = self.headers()
             if headers["ETag"] in [tag.strip() for tag in self.of.if_none_match.split(",")]:
                 return NotModified(headers)
-        self.videos_at_hand()
+        self.files_at_hand()
         if prepared.spec is None and prepared.stored != prepared.base and read.may_block and self.hi > self.lo:
             return _in_pieces(self, np.arange(self.lo, self.hi, dtype=np.int64), self.headers(), self.of.request.codec)
         batches = read.slice_batches(self.lo, self.hi, prepared.stored)
@@ -372,15 +374,15 @@ class _TakePlan(_Plan):
         rows = RowsNeeded(self.rows, self.prepared.stored, True, self.prepared.plain_cameras)
         return self.read.answerable_from_maps(rows, spec)
 
-    def videos_at_hand(self) -> None:
-        self.prepared.videos_at_hand(self.rows)
+    def files_at_hand(self) -> None:
+        self.prepared.files_at_hand(self.rows)
 
     def answer(self) -> Answer:
         """Rows at view positions `rows`, in that order (duplicates allowed), windowed columns included: read
         piece by piece when the read may block (the first piece now, the rest as it is sent), except for frame
         references (small, and described by the segments of the whole answer)."""
         read = self.read
-        self.videos_at_hand()
+        self.files_at_hand()
         headers = {"X-Total-Rows": str(len(read.view))}
         if read.may_block and not read.options.reference_frames and len(self.rows):
             return _in_pieces(self, self.rows, headers, self.request.codec)
@@ -419,8 +421,8 @@ class _RowReferencePlan(_Plan):
             return self.values.decide()
         return self.read.answerable_from_maps(RowsNeeded(self.values.rows, self.values.prepared.stored, False))
 
-    def videos_at_hand(self) -> None:
-        self.values.videos_at_hand()  # the values' answer may be given instead
+    def files_at_hand(self) -> None:
+        self.values.files_at_hand()  # the values' answer may be given instead
 
     def answer(self) -> Answer:
         if self.referable:

@@ -44,6 +44,7 @@ from app.store.dataset import Dataset
 from app.store.episode_index import EpisodeIndex
 from app.store.mapped_segments import Segment
 from app.store.row_files import RowSource
+from app.store.segments import SourceChanged
 from app.store.views import EpisodeView
 
 
@@ -156,18 +157,28 @@ class ViewRead:
 
     def video_files(self, rows: RowsNeeded) -> dict[str, set[str]]:
         """The video files holding the frames of each camera `rows` asks for (windows lie in the same episodes)."""
-        positions = rows.positions()
-        episodes = distinct(self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1])
         source = self.dataset.source()
-        return {key: {source.episode_clip(key, e).path for e in episodes} for key in rows.cameras}
+        return {key: {source.episode_clip(key, e).path for e in self._episodes(rows)} for key in rows.cameras}
 
-    def videos_at_hand(self, rows: RowsNeeded) -> None:
-        """Make sure every video file the frames of `rows` lie in can be opened, before a row is read: where the
+    def _episodes(self, rows: RowsNeeded) -> list[int]:
+        positions = rows.positions()
+        return distinct(self.view.episodes[np.searchsorted(self.view.episode_offsets, positions, side="right") - 1])
+
+    def files_at_hand(self, rows: RowsNeeded) -> None:
+        """Make sure every file the read of `rows` touches can be opened, before a row is read: the data files of
+        the rows' episodes (their windows lie in them too) and the video files their frames lie in. Where the
         dataset's files are fetched as reads need them (from the Hub), those not there yet are fetched, all at once,
         and the read is answered 503 with the progress meanwhile, so an answer sent in pieces is never cut short by
-        a file missing midway. A quick read found every frame in a mapped segment already."""
-        if self.dataset.supply.fetches and self.may_block and rows.cameras and rows.count:
-            self.dataset.supply.at_hand(set().union(*self.video_files(rows).values()))
+        a file missing midway. A data file this snapshot holds as absent is there by then: `SourceChanged`, so the
+        read starts over on the index read again, before any piece. A quick read found every row and frame in a
+        mapped segment already."""
+        if self.dataset.supply.fetches and self.may_block and rows.count:
+            episodes = np.asarray(self._episodes(rows), dtype=np.int64)
+            data = [self.index.files[number] for number in self.index.files_of(episodes)]
+            self.dataset.supply.at_hand({f.path for f in data}.union(*self.video_files(rows).values()))
+            absent = next((fingerprint for fingerprint in data if fingerprint.absent), None)
+            if absent is not None:
+                raise SourceChanged(f"{absent.path} was fetched")
 
     # -- segments ------------------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import DatasetError
-from app.sources.files import DatasetPath, is_remote_path
+from app.sources.files import ALL_THERE, DatasetPath, FileSupply, is_remote_path
 from app.sources.json_files import read_json
 from app.sources.lerobot_v21 import LeRobotV21Source
 from app.sources.lerobot_v30 import LeRobotV30Source
@@ -95,17 +95,18 @@ def _safe_iterdir(path: DatasetPath) -> list[Any]:
         return []
 
 
-def open_source(root: DatasetPath) -> Source:
-    """The dataset directory `root` in its format: LeRobot (by `meta/info.json`'s version) or generic parquet."""
+def open_source(root: DatasetPath, supply: FileSupply = ALL_THERE) -> Source:
+    """The dataset directory `root` in its format: LeRobot (by `meta/info.json`'s version) or generic parquet. Its
+    files come to be there through `supply` (a LeRobot dataset's data files are those it lists)."""
     info_path = root / LEROBOT_INFO
     if not info_path.is_file():
-        return ParquetSource.open(root)
+        return ParquetSource.open(root, supply)
     info = read_json(info_path)
     version = str(info.get("codebase_version", ""))
     fps = info.get("fps")
     fps = float(fps) if isinstance(fps, int | float) and fps > 0 else None
     if version.startswith("v3"):
-        return LeRobotV30Source.open_with(root, info, fps)
+        return LeRobotV30Source.open_with(root, info, fps, supply)
     if version.startswith("v2"):
-        return LeRobotV21Source.open_with(root, info, fps)
+        return LeRobotV21Source.open_with(root, info, fps, supply)
     raise DatasetError(f"{info_path}: unsupported codebase_version {version!r} (expected v2.1 or v3.0)")

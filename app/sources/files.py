@@ -4,8 +4,8 @@ that needs random access (parquet, video) is the one thing that differs, and it 
 failure of the store during such a read into an `ObjectStoreError` naming the object.
 
 How the files come to be there is a dataset's `FileSupply`: a local directory or an object store has every file
-(`ALL_THERE`); a dataset from the Hugging Face Hub fetches a camera's video file when a read first needs it
-(`app.sources.hub.HubSnapshot`)."""
+(`ALL_THERE`); a dataset from the Hugging Face Hub fetches a LeRobot data file or a camera's video file when a read
+first needs it (`app.sources.hub.HubSnapshot`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,15 @@ class FileSupply(Protocol):
     """How a dataset's files come to be there to open."""
 
     fetches: bool  # whether any file may be missing (False: `at_hand` never waits, and reads skip listing files)
+
+    def listed(self, folder: str) -> dict[str, int] | None:
+        """The files below `folder` (a relative path ending in `/`) as the supply lists them, there or not, with
+        their sizes (None: the files are what is on disk)."""
+        ...
+
+    def there(self, rel: str) -> bool:
+        """Whether file `rel` can be opened now, without fetching it."""
+        ...
 
     def at_hand(self, rels: Collection[str]) -> None:
         """Return once every file of `rels` (paths relative to the dataset) can be opened; else start fetching all
@@ -46,6 +55,12 @@ class _AllThere:
     """The supply of a local directory or an object store: every file is there."""
 
     fetches = False
+
+    def listed(self, folder: str) -> dict[str, int] | None:
+        return None
+
+    def there(self, rel: str) -> bool:
+        return True
 
     def at_hand(self, rels: Collection[str]) -> None:
         return None

@@ -9,13 +9,17 @@ refresh`). Its files are downloaded by
 `$HF_HOME/lerobot/<repo id>`), so LeRobot and episerve never download a file twice.
 
 What is fetched when:
-- at first use, the metadata (`meta/`: info.json, episodes, tasks, stats) and then every other file but the camera
-  videos (the data parquet files, small next to the videos); until they are all there, requests for the dataset are
-  answered 503 with the progress. From then on the dataset is that local directory, served like any other.
-- a camera's video file (`videos/...`: in v3.0 one file holds several episodes, in v2.1 one episode) when a read
-  first needs frames from it: the read lists every video file it needs before it reads a row (`HubSnapshot.at_hand`,
-  the dataset's `FileSupply`), those not there yet are downloaded in the background, all at once, and the read is
-  answered 503 with `Retry-After` and the progress meanwhile.
+- at first use, the metadata (`meta/`: info.json, episodes, tasks, stats), the other small files and, of a LeRobot
+  dataset, its first data file (the schema of its rows); of any other dataset, every file but camera videos (its
+  episodes are found by reading the episode column of every data file). Until they are there, requests for the
+  dataset are answered 503 with the progress. From then on the dataset is that local directory, served like any
+  other, its data files being the ones the Hub lists (`HubSnapshot.listed`).
+- a LeRobot data file (`data/...`: in v3.0 one file holds several episodes, in v2.1 one episode) and a camera's
+  video file (`videos/...`, likewise) when a read first needs rows or frames from it: the read lists every file it
+  needs before it reads a row (`HubSnapshot.at_hand`, the dataset's `FileSupply`), those not there yet are
+  downloaded in the background, all at once, and the read is answered 503 with `Retry-After` and the progress
+  meanwhile. Until a data file is there, the episode index holds it by the row count the metadata gives it
+  (`SourceFingerprint.of_absent`), and reads it for real once it is.
 
 Every file is checked before it is served (`app.sources.hub_files`), and a failed download is a problem that the
 next request retries. `HF_TOKEN` reads gated and private repos; `HF_HUB_OFFLINE=1` (or a Hub that cannot be reached
@@ -41,7 +45,8 @@ from app.sources.hub_pins import Pin, RevisionPins
 
 log = logging.getLogger("episerve.hub")
 
-FETCHED_ON_READ = "videos/"  # files below it are fetched when a read needs them; all others before serving
+FETCHED_ON_READ = ("videos/",)  # files below these are fetched when a read needs them; all others before serving
+LEROBOT_FETCHED_ON_READ = ("videos/", "data/")  # likewise in a LeRobot dataset, but for its first data file
 DOWNLOADS = 4  # files downloaded at once, per server process
 RETRY_AFTER_S = 1
 PROGRESS_HEADER = "X-Download-Progress"  # `<bytes done>/<bytes>` of the files a 503 waits for: fewer left, moving
@@ -97,8 +102,8 @@ class HubDatasets:
             return {repo_id: s.directory for repo_id, s in self._snapshots.items() if s.state == "ready"}
 
     def path(self, repo_id: str) -> Path:
-        """The local directory of `repo_id` once its metadata and data files are there; a 503 with the progress until
-        then; the problem of a failed resolve or download (a later request starts over)."""
+        """The local directory of `repo_id` once the files fetched before serving are there; a 503 with the progress
+        until then; the problem of a failed resolve or download (a later request starts over)."""
         snapshot = self._snapshot(repo_id)
         if snapshot.state == "ready":
             return snapshot.directory
@@ -137,8 +142,8 @@ class HubDatasets:
             raise hub_problem(exc, repo_id, revision) from exc
 
     def prepare(self, repo_id: str, progress: Progress | None = None) -> Path:
-        """The local directory of `repo_id` once its metadata and data files are there, waited for (`warm`), calling
-        `progress(bytes done, bytes)` meanwhile; the problem of a failed resolve or download."""
+        """The local directory of `repo_id` once the files fetched before serving are there, waited for (`warm`),
+        calling `progress(bytes done, bytes)` meanwhile; the problem of a failed resolve or download."""
         snapshot = self._snapshot(repo_id)
         while snapshot.state in ("resolving", "downloading"):
             if progress is not None:
@@ -147,6 +152,16 @@ class HubDatasets:
         if progress is not None:
             progress(*snapshot.progress())
         return self.path(repo_id)
+
+    def known(self) -> list[str]:
+        """The Hub datasets this cache directory serves, as far as a process can tell without asking the Hub: the
+        configured ones and every one pinned (a dataset a client named on first use is pinned then)."""
+        return sorted(set(self.configured) | {pin.repo_id for pin in self.pins.all()})
+
+    @staticmethod
+    def directory(repo_id: str) -> Path:
+        """The local directory of `repo_id`'s files (LeRobot's own place for them)."""
+        return lerobot_home() / repo_id
 
     def revision(self, repo_id: str) -> str:
         """The revision `repo_id` is served at: the configured one, else `main`."""
@@ -161,7 +176,7 @@ class HubDatasets:
                 snapshot = HubSnapshot(
                     repo_id,
                     self.revision(repo_id),
-                    lerobot_home() / repo_id,
+                    self.directory(repo_id),
                     self.records / repo_id,
                     self.pins,
                     self._pool,
@@ -173,8 +188,8 @@ class HubDatasets:
 
 class HubSnapshot:
     """One Hub dataset at one commit in its local directory: what the Hub lists, which files are there and checked,
-    and the fetches under way. Once ready (its metadata and data files there), the dataset's `FileSupply`: a camera's
-    video file is fetched when a read needs it."""
+    and the fetches under way. Once ready (the files fetched before serving there), the dataset's `FileSupply`: a
+    LeRobot data file or a camera's video file is fetched when a read needs it."""
 
     fetches = True
 
@@ -193,7 +208,7 @@ class HubSnapshot:
         self.commit: str | None = None  # the commit `revision` is pinned at
         self.pinned_at: str | None = None
         self.listing: dict[str, HubFile] | None = None  # None: not resolved yet, or the Hub could not be asked
-        self.state = "resolving"  # resolving, downloading (metadata and data files), ready, failed
+        self.state = "resolving"  # resolving, downloading (the files before serving), ready, failed
         self.error: ProblemError | None = None
         self.checked = CheckedFiles(directory, records)
         self._pins = pins
@@ -203,11 +218,25 @@ class HubSnapshot:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Resolve the revision and fetch the metadata and data files, in the background."""
+        """Resolve the revision and fetch the files needed before serving, in the background."""
         thread = threading.Thread(target=self._prepare, name=f"episerve-hub-{self.repo_id}", daemon=True)
         thread.start()
 
     # -- the supply ------------------------------------------------------------------------------------------------
+
+    def listed(self, folder: str) -> dict[str, int] | None:
+        """The files below `folder` at the pinned commit, with their sizes (None where the Hub could not be asked:
+        then the files are what is downloaded)."""
+        listing = self.listing
+        if listing is None:
+            return None
+        return {path: file.size for path, file in listing.items() if path.startswith(folder)}
+
+    def there(self, rel: str) -> bool:
+        """Whether file `rel` is downloaded and checked (where the Hub could not be asked: downloaded)."""
+        listing = self.listing
+        file = listing.get(rel) if listing is not None else None
+        return self.checked.holds(file) if file is not None else (self.directory / rel).is_file()
 
     def at_hand(self, rels: Collection[str]) -> None:
         """Return once every file of `rels` is there and checked; else fetch those that are not, all at once, and
@@ -282,11 +311,11 @@ class HubSnapshot:
     # -- before serving --------------------------------------------------------------------------------------------
 
     def progress(self) -> tuple[int, int]:
-        """(bytes done, bytes) of the metadata and data files fetched before serving ((0, 0) while resolving)."""
+        """(bytes done, bytes) of the files fetched before serving ((0, 0) while resolving)."""
         return _progress_of(self._before_serving)
 
     def preparing(self) -> TryLater:
-        """The 503 for a request while the revision is resolved and the metadata and data files are fetched."""
+        """The 503 for a request while the revision is resolved and the files needed before serving are fetched."""
         fetches = self._before_serving
         if not fetches:
             return TryLater(
@@ -295,12 +324,23 @@ class HubSnapshot:
             )
         finished = sum(f.state == "done" for f in fetches)
         done, total = _progress_of(fetches)
+        later = "data files and camera videos are" if self.lerobot else "camera videos are"
         return TryLater(
-            f"dataset {self.repo_id!r} is being downloaded from the Hub: its metadata and data files, {finished} of "
-            f"{len(fetches)} files ({human_bytes(done)} of {human_bytes(total)}); camera videos are fetched as reads "
-            "need them; retry shortly",
+            f"dataset {self.repo_id!r} is being downloaded from the Hub: {self._before_serving_named}, {finished} of "
+            f"{len(fetches)} files ({human_bytes(done)} of {human_bytes(total)}); {later} fetched as reads need "
+            "them; retry shortly",
             headers=_progress_headers(done, total),
         )
+
+    @property
+    def lerobot(self) -> bool:
+        """Whether the dataset is in a LeRobot format (its data files are then fetched as reads need them)."""
+        listing = self.listing
+        return listing is not None and "meta/info.json" in listing
+
+    @property
+    def _before_serving_named(self) -> str:
+        return "its metadata and first data file" if self.lerobot else "its metadata and data files"
 
     def _prepare(self) -> None:
         started = time.monotonic()
@@ -320,10 +360,11 @@ class HubSnapshot:
             log.warning("Hub dataset %s: download failed: %s", self.repo_id, exc)
             return
         log.info(
-            "Hub dataset %s@%s is ready to serve (%.1f s); camera videos are fetched as reads need them",
+            "Hub dataset %s@%s is ready to serve (%.1f s); %s fetched as reads need them",
             self.repo_id,
             self.commit,
             time.monotonic() - started,
+            "data files and camera videos are" if self.lerobot else "camera videos are",
         )
 
     def _resolve(self) -> None:
@@ -356,7 +397,7 @@ class HubSnapshot:
                 return
             raise TryLater(
                 f"the Hub dataset {self.repo_id!r} cannot be downloaded now (the Hub is unreachable or failing, or "
-                "HF_HUB_OFFLINE=1) and its metadata and data files are not downloaded yet; retry later"
+                "HF_HUB_OFFLINE=1) and its metadata is not downloaded yet; retry later"
             ) from exc
         self.listing = {sibling.rfilename: HubFile.of(sibling) for sibling in info.siblings or []}
         total = sum(file.size for file in self.listing.values())
@@ -386,12 +427,17 @@ class HubSnapshot:
             log.info("Hub dataset %s: removed %s (not in commit %s)", self.repo_id, rel, self.commit)
 
     def _fetch_before_serving(self) -> None:
-        """Fetch the metadata, then every other file but the camera videos, and wait for them all."""
+        """Fetch the metadata first, then the other files but those fetched as reads need them (of a LeRobot
+        dataset, its first data file too: the schema of its rows), and wait for them all."""
         assert self.listing is not None
-        files = [file for path, file in self.listing.items() if not path.startswith(FETCHED_ON_READ)]
+        later = LEROBOT_FETCHED_ON_READ if self.lerobot else FETCHED_ON_READ
+        files = [file for path, file in self.listing.items() if not path.startswith(later)]
+        if self.lerobot:
+            data = sorted(path for path in self.listing if path.startswith("data/") and path.endswith(".parquet"))
+            files += [self.listing[path] for path in data[:1]]
         files.sort(key=lambda file: (not file.path.startswith("meta/"), file.path))
         self.state = "downloading"
-        fetches, _ = self._fetch(files, reason="before serving: metadata first, then the data files")
+        fetches, _ = self._fetch(files, reason=f"before serving: {self._before_serving_named}")
         self._before_serving = fetches
         wait_for([fetch.future for fetch in fetches if fetch.future is not None])
         failed = next((fetch for fetch in fetches if fetch.state == "failed"), None)

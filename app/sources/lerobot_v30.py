@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow as pa
 
 from app.errors import DatasetError, InvalidInput
-from app.sources.files import DatasetPath
+from app.sources.files import ALL_THERE, DatasetPath, FileSupply
 from app.sources.parquet import (
     ParquetSource,
+    data_files,
     parquet_column_names,
-    parquet_files,
     read_parquet_rows,
     read_parquet_table,
 )
@@ -28,11 +28,48 @@ _EPISODE_COLUMNS = ["episode_index", "data/chunk_index", "data/file_index", "dat
 class LeRobotV30Source(CameraFiles, ParquetSource):
     """Episode runs come from the episode metadata when it agrees with the files' row counts."""
 
+    _meta_rows: list[dict[str, Any]] | None = None  # the episode metadata, as read once (a source is a snapshot)
+    _file_rows: dict[str, int] | None = None
+
     @classmethod
-    def open_with(cls, root: DatasetPath, info: dict[str, Any], fps: float | None) -> LeRobotV30Source:
+    def open_with(
+        cls, root: DatasetPath, info: dict[str, Any], fps: float | None, supply: FileSupply = ALL_THERE
+    ) -> LeRobotV30Source:
         dataset = DatasetInfo(FORMAT, fps, info, videos=video_features(info))
         dataset.tasks = _tasks(root)
-        return cls(root, dataset, parquet_files(root, root / "data"))
+        return cls(root, dataset, data_files(root, supply), supply)
+
+    def listed_rows(self, rel: str) -> int | None:
+        """The rows of the episodes the episode metadata places in data file `rel` (`dataset_to_index` -
+        `dataset_from_index` of each)."""
+        try:
+            return self._rows_per_file().get(rel)
+        except (OSError, KeyError, ValueError, TypeError, pa.ArrowException):
+            return None
+
+    def _rows_per_file(self) -> dict[str, int]:
+        if self._file_rows is None:
+            rows: dict[str, int] = {}
+            for row in self._episode_rows():
+                name = self._data_file(row)
+                rows[name] = rows.get(name, 0) + int(row["dataset_to_index"]) - int(row["dataset_from_index"])
+            self._file_rows = rows
+        return self._file_rows
+
+    def _episode_rows(self) -> list[dict[str, Any]]:
+        """The episode metadata's rows (their file and global index range, and tasks), read once per snapshot."""
+        if self._meta_rows is None:
+            rows: list[dict[str, Any]] = []
+            for meta in sorted((self.root / "meta/episodes").glob("*/*.parquet")):
+                tasks = ["tasks"] if "tasks" in parquet_column_names(meta) else []
+                rows.extend(read_parquet_rows(meta, [*_EPISODE_COLUMNS, *tasks]))
+            self._meta_rows = rows
+        return self._meta_rows
+
+    def _data_file(self, row: dict[str, Any]) -> str:
+        """The data file an episode metadata row places its episode in."""
+        template = str(self.info.info.get("data_path") or "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
+        return template.format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
 
     def episode_clip(self, key: str, episode: int) -> EpisodeClip:
         """From the episode metadata: the file (`video_path` with its chunk and file index) and the episode's
@@ -67,18 +104,13 @@ class LeRobotV30Source(CameraFiles, ParquetSource):
             return None
 
     def _runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
-        meta_files = sorted((self.root / "meta/episodes").glob("*/*.parquet"))
-        if not meta_files:
+        rows = self._episode_rows()
+        if not rows:
             return None
-        rows: list[dict[str, Any]] = []
-        for meta in meta_files:
-            tasks = ["tasks"] if "tasks" in parquet_column_names(meta) else []
-            rows.extend(read_parquet_rows(meta, [*_EPISODE_COLUMNS, *tasks]))
-        template = str(self.info.info.get("data_path") or "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
         file_numbers = {name: n for n, name in enumerate(self.files)}
         per_file: dict[int, list[dict[str, Any]]] = {}
         for row in rows:
-            name = template.format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+            name = self._data_file(row)
             if name not in file_numbers:
                 return None
             per_file.setdefault(file_numbers[name], []).append(row)

@@ -18,7 +18,16 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from app.errors import DatasetError, InvalidInput
-from app.sources.files import DatasetPath, is_remote_path, opened_etag, opened_parquet, parquet_input, store_reads
+from app.sources.files import (
+    ALL_THERE,
+    DatasetPath,
+    FileSupply,
+    is_remote_path,
+    opened_etag,
+    opened_parquet,
+    parquet_input,
+    store_reads,
+)
 from app.sources.fixed_lists import as_stored, readable_footer
 from app.sources.json_files import read_json
 from app.sources.object_store import RemotePath
@@ -54,15 +63,24 @@ _REMOTE_FORMAT = ds.ParquetFileFormat(
 
 
 class ParquetSource:
-    """A dataset whose data files are parquet; subclasses read a richer format's metadata."""
+    """A dataset whose data files are parquet; subclasses read a richer format's metadata.
 
-    def __init__(self, root: DatasetPath, info: DatasetInfo, files: list[str]) -> None:
+    Where the dataset's `supply` fetches files as reads need them (a LeRobot dataset from the Hub), its data files
+    are the ones the supply lists, and one not there yet has an absent fingerprint (`SourceFingerprint.of_absent`)
+    from the row count the metadata gives it (`listed_rows`): the index is built without it, and nothing reads it
+    until it is there."""
+
+    def __init__(self, root: DatasetPath, info: DatasetInfo, files: list[str], supply: FileSupply = ALL_THERE) -> None:
         self.root = root
         self.info = info
         self.files = files
+        self.supply = supply
+        self._sizes: dict[str, int] = {}  # what the supply lists of the data files (files fetched on read)
+        self._template: pa.Schema | None = None  # the schema of an absent file: that of the first one there
+        self._all_there = not supply.fetches
 
     @classmethod
-    def open(cls, root: DatasetPath) -> ParquetSource:
+    def open(cls, root: DatasetPath, supply: FileSupply = ALL_THERE) -> ParquetSource:
         """A generic dataset: parquet files below `root`, settings from its optional `episerve.json`."""
         info = DatasetInfo(format="parquet")
         settings_path = root / GENERIC_SETTINGS
@@ -77,10 +95,15 @@ class ParquetSource:
             info.fps = float(fps) if fps is not None else None
             info.episode_column = column
             info.info = settings
-        return cls(root, info, parquet_files(root, root))
+        return cls(root, info, parquet_files(root, root), supply)
 
     def fingerprint(self, rel: str) -> tuple[SourceFingerprint, pa.Schema]:
-        """Fingerprint one file by reading only its parquet footer."""
+        """Fingerprint one file by reading only its parquet footer (a file not fetched yet: see the class)."""
+        if self.supply.fetches and not self.supply.there(rel):
+            absent = self._absent_fingerprint(rel)
+            if absent is not None:
+                return absent
+            self.supply.at_hand([rel])  # nothing to hold it by: fetched now (a 503 meanwhile), then read
         path = self.root / rel
         try:
             stat = path.stat()
@@ -97,23 +120,62 @@ class ParquetSource:
             root = self.root
             # Every read asks: a local file's stat without building a Path.
             stat = os.stat(os.path.join(root, source.path)) if isinstance(root, Path) else (root / source.path).stat()
-            return source.same_file(stat)
+            # A file fingerprinted absent is unchanged until its supply has it there (downloaded and checked).
+            return source.same_file(stat) or (source.absent and not self.supply.there(source.path))
         except FileNotFoundError:
             # An object deleted from a store leaves its built segment serving (on a node, the cache is the copy
             # that counts); a request for rows not cached yet gets a 503 naming the object. A deleted local file
-            # is a change.
-            return is_remote_path(self.root)
+            # is a change, unless it was fingerprinted absent: then it is still so.
+            return is_remote_path(self.root) or source.absent
         except OSError:
             return False
 
     def schema(self, rel: str) -> pa.Schema:
+        if self.supply.fetches and not self.supply.there(rel):
+            return self._template_schema()
         with opened_parquet(self.root / rel) as handle:
             return pq.read_schema(handle)
 
     def metadata_runs(self, file_rows: list[int]) -> list[EpisodeRun] | None:
         return None  # generic parquet records no episodes: the episode column is scanned
 
+    def listed_rows(self, rel: str) -> int | None:
+        """The rows of data file `rel` as the format's metadata gives them (None: it does not)."""
+        return None
+
+    def _absent_fingerprint(self, rel: str) -> tuple[SourceFingerprint, pa.Schema] | None:
+        """The fingerprint of data file `rel`, not there yet, and its schema (that of the first data file there);
+        None when the supply lists no size or the metadata no row count for it (then it must be read)."""
+        if not self._sizes:
+            self._sizes = self.supply.listed("data/") or {}
+        size, rows = self._sizes.get(rel), self.listed_rows(rel)
+        if size is None or rows is None:
+            return None
+        schema = self._template_schema()
+        return SourceFingerprint.of_absent(rel, size, rows, schema), schema
+
+    def _template_schema(self) -> pa.Schema:
+        """The schema of the first data file there (fetched before the dataset is served), taken for the others'
+        until they are there: a file that arrives with another one changes its fingerprint's schema hash."""
+        if self._template is None:
+            first = next((rel for rel in self.files if self.supply.there(rel)), None)
+            if first is None:
+                self.supply.at_hand(self.files[:1])  # a 503 while it is fetched
+                first = self.files[0]
+            with opened_parquet(self.root / first) as handle:
+                self._template = pq.read_schema(handle)
+        return self._template
+
+    def _at_hand(self, rel: str) -> None:
+        """Make sure data file `rel` is there before it is read (a read fetches its files first; this is the
+        backstop: a 503 while it is fetched, never a read of a file that is not there)."""
+        if self.supply.fetches:
+            self.supply.at_hand([rel])
+
     def scan_runs(self, number: int, rel: str, column: str, etag: str = "") -> list[EpisodeRun]:
+        if not self._all_there:  # scanned (the metadata gives no runs): every file is needed, fetched all at once
+            self.supply.at_hand(self.files)
+            self._all_there = True
         path = self.root / rel
         with opened_parquet(path) as handle:
             check_version(path, etag, opened_etag(handle))
@@ -143,6 +205,7 @@ class ParquetSource:
         return [EpisodeRun(int(ids[a]), number, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
     def read_batches(self, rel: str, schema: pa.Schema, batch_bytes: int, etag: str = "") -> Iterator[pa.RecordBatch]:
+        self._at_hand(rel)
         path = self.root / rel
         with opened_parquet(path) as handle:
             check_version(path, etag, opened_etag(handle))
@@ -159,6 +222,7 @@ class ParquetSource:
             check_version(path, etag)  # the ranged GETs after the HEAD read that version too
 
     def row_groups(self, rel: str, etag: str = "") -> ParquetRowGroups:
+        self._at_hand(rel)
         return ParquetRowGroups(self.root / rel, etag)
 
     def episode_clip(self, key: str, episode: int) -> EpisodeClip:
@@ -330,6 +394,16 @@ def parquet_files(root: DatasetPath, under: DatasetPath) -> list[str]:
             continue
         found.append(rel.as_posix())
     return sorted(found)
+
+
+def data_files(root: DatasetPath, supply: FileSupply) -> list[str]:
+    """A LeRobot dataset's data files (`data/**/*.parquet`), relative to `root`, sorted: those its supply lists
+    where it fetches files as reads need them, else those on disk."""
+    listed = supply.listed("data/")
+    if listed is None:
+        return parquet_files(root, root / "data")
+    visible = (rel for rel in listed if not any(part.startswith(".") for part in rel.split("/")))
+    return sorted(rel for rel in visible if rel.endswith(".parquet"))
 
 
 def has_parquet_files(path: DatasetPath) -> bool:

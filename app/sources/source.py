@@ -34,6 +34,9 @@ class FileStat(Protocol):
     def st_ino(self) -> int: ...
 
 
+ABSENT = -1  # mtime, ctime and inode of a file not fetched yet: no stat gives a negative inode
+
+
 @dataclass(frozen=True)
 class EpisodeRun:
     """Rows [start, stop) of source file number `file` belong to `episode`."""
@@ -57,6 +60,12 @@ class SourceFingerprint:
     An object in an object store has no inode or ctime (both are recorded as 0 and its modification time): it is
     unchanged while the store's listing gives the same size and Last-Modified and no read since found another ETag
     than `etag`, the ETag the store reported when the object was read (empty for local files).
+
+    A file of a dataset whose files are fetched as reads need them (from the Hub) that is not there yet has an
+    `absent` fingerprint: the size its supply lists, the row count its dataset's metadata gives it, the schema of the
+    dataset's first data file, and `ABSENT` for mtime, ctime and inode, which no stat returns. Its rows are never read
+    under it: a read fetches the file first, and the file once there is no longer what the fingerprint says
+    (`ParquetSource.is_unchanged`), so the index is read again and fingerprints it for real.
     """
 
     path: str
@@ -72,6 +81,16 @@ class SourceFingerprint:
     def of(cls, path: str, stat: FileStat, rows: int, schema: pa.Schema, etag: str = "") -> SourceFingerprint:
         size, mtime, ctime, inode = stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
         return cls(path, size, mtime, ctime, inode, rows, schema_hash(schema), etag)
+
+    @classmethod
+    def of_absent(cls, path: str, size: int, rows: int, schema: pa.Schema) -> SourceFingerprint:
+        """The fingerprint of a file not fetched yet (see the class docstring)."""
+        return cls(path, size, ABSENT, ABSENT, ABSENT, rows, schema_hash(schema))
+
+    @property
+    def absent(self) -> bool:
+        """Whether it fingerprints a file not fetched yet."""
+        return self.inode == ABSENT and self.ctime_ns == ABSENT
 
     def to_dict(self) -> dict[str, Any]:
         """As persisted in the index and the sidecars (`etag` only when there is one, so the caches of local

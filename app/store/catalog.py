@@ -167,6 +167,15 @@ class Catalog:
     def ids(self) -> list[str]:
         return sorted(self._paths)
 
+    def cache_dir(self, dataset_id: str, path: DatasetPath) -> Path:
+        """The cache directory of the dataset `dataset_id` at `path`."""
+        return self.settings.cache_dir / "datasets" / Dataset.cache_key(dataset_id, path)
+
+    def hub_cache_dirs(self) -> list[Path]:
+        """The cache directories of the Hub datasets this cache serves (configured or pinned), which a process that
+        has not opened them (the CLI's `cache prune`) must not take for caches of datasets gone."""
+        return [self.cache_dir(repo_id, self.hub.directory(repo_id)) for repo_id in self.hub.known()]
+
     def get(self, dataset_id: str) -> Dataset:
         """The dataset with this id; DoesNotExist if no root offers it, saying why a directory of that name was
         skipped or which offered ids are close."""
@@ -180,7 +189,7 @@ class Catalog:
         validate_dataset_id(dataset_id)
         path = self._paths.get(dataset_id)
         if path is None and self.hub.offers(dataset_id):
-            path = self.hub.path(dataset_id)  # a 503 with the progress until its metadata and data files are there
+            path = self.hub.path(dataset_id)  # a 503 with the progress until its metadata is there
             with self._lock:
                 self._paths.setdefault(dataset_id, path)
         if path is None:
@@ -196,8 +205,7 @@ class Catalog:
         with self._lock:
             dataset = self._datasets.get(dataset_id)
             if dataset is None or dataset.path != path:
-                cache_dir = self.settings.cache_dir / "datasets" / Dataset.cache_key(dataset_id, path)
-                dataset = Dataset(dataset_id, path, cache_dir, self.settings, self.shared)
+                dataset = Dataset(dataset_id, path, self.cache_dir(dataset_id, path), self.settings, self.shared)
                 dataset.supply = self.hub.supply(dataset_id, path)
                 self._datasets[dataset_id] = dataset
             return dataset

@@ -4,6 +4,7 @@ running servers."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,14 +45,19 @@ def clear(dataset_dirs: list[Path]) -> Cleanup:
     return cleanup
 
 
-def prune(cache_root: Path, datasets: list[Dataset]) -> Cleanup:
+def prune(cache_root: Path, datasets: list[Dataset], kept: Collection[Path] = ()) -> Cleanup:
     """Remove what serves nothing any more: caches of datasets no root offers, segments of source files that are
-    gone or changed (or whose sidecar is missing or stale), and temps of interrupted writes."""
+    gone or changed (or whose sidecar is missing or stale), and temps of interrupted writes. The cache directories
+    `kept` (of Hub datasets, which this process does not open: that would ask the Hub) keep all but their temps."""
     cleanup = Cleanup()
     current = {dataset.cache_dir.name: dataset for dataset in datasets}
+    kept_names = {directory.name for directory in kept}
     directories = sorted(p for p in (cache_root / "datasets").glob("*") if p.is_dir())
     for directory in directories:
         dataset = current.get(directory.name)
+        if dataset is None and directory.name in kept_names:
+            cleanup.removed += clean_temps(directory)
+            continue
         if dataset is None:
             orphan = clear([directory])
             cleanup.removed += orphan.removed

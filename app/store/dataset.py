@@ -140,7 +140,7 @@ class Dataset:
         self._mark_looked()
         watched = watched_paths(self.path)
         stamped = stamp(watched)
-        source = open_source(self.path)
+        source = open_source(self.path, self.supply)
         size = self.limits.frame_size(self.id)
         if size is not None:
             source.info.videos = {key: camera.resized(*size) for key, camera in source.info.videos.items()}

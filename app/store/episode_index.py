@@ -87,6 +87,14 @@ class EpisodeIndex:
             run_stop=np.fromiter((r.stop for r in ordered), dtype=np.int64, count=len(ordered)),
         )
 
+    def files_of(self, episodes: np.ndarray) -> list[int]:
+        """The source files holding rows of `episodes` (sorted, existing ids), ascending."""
+        positions = np.searchsorted(self.episodes, episodes)
+        first = self.episode_offsets[positions]
+        counts = self.episode_offsets[positions + 1] - first
+        runs = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+        return np.unique(self.run_file[runs]).tolist()
+
     def runs(self) -> list[EpisodeRun]:
         episode = np.repeat(self.episodes, np.diff(self.episode_offsets))
         return [

@@ -70,7 +70,7 @@ def built_frame_segments(dataset: Dataset, hot: bool = False) -> list[tuple[str,
 
 def _verify_index(dataset: Dataset) -> str | None:
     """What is wrong with the dataset's `index.json` (then deleted, so loading rebuilds it), or None."""
-    source = open_source(dataset.path)
+    source = open_source(dataset.path, dataset.supply)
     column = source.info.episode_column or dataset.default_episode_column
     path = dataset.cache_dir / "index.json"
     problem = verify_persisted_index(source, column, path)

@@ -1,5 +1,6 @@
 """Cache warm-up: build the segments of chosen source files, with progress, in the foreground (CLI) or as
-background jobs (one per dataset at a time, reported by `GET /cache`)."""
+background jobs (one per dataset at a time, reported by `GET /cache`). Where the dataset's files are fetched as reads
+need them (from the Hub), the chosen files are fetched first (`fetch_files`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ from app.store.segment_builds import ProgressCallback
 log = logging.getLogger("episerve.cache")
 
 
+def fetch_files(
+    dataset: Dataset, files: list[int], progress: Callable[[int, int], None] | None = None
+) -> tuple[int, int]:
+    """Fetch the source `files` not there yet where the dataset's files are fetched as reads need them, and wait for
+    them, calling `progress(bytes done, bytes)`; then read the index again if it held any of them as absent, so they
+    are built from their own fingerprints: (files, bytes) fetched."""
+    if not dataset.supply.fetches:
+        return 0, 0
+    index = dataset.index()
+    fetched = dataset.supply.fetch_now([index.files[number].path for number in files], progress)
+    if any(index.files[number].absent for number in files):
+        dataset.reload(index)
+    return fetched
+
+
 def warm(
     dataset: Dataset,
     files: list[int] | None = None,
@@ -29,6 +45,7 @@ def warm(
     call built. `progress` and `on_segment` are called one at a time, whichever build thread reports."""
     if files is None:
         files = list(range(len(dataset.index().files)))
+    fetch_files(dataset, files)
     before = dataset.segments.builds
     reporting = threading.Lock()
 
