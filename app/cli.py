@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         # Before anything imports app.metrics: every worker then writes its samples to files in this directory
         # and /metrics sums them (prometheus-client's multiprocess mode).
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_directory())
-    from app.main import resolve_roots
+    from app.roots import resolve_roots
     from app.store.catalog import Catalog, ConfigurationError
 
     try:
