@@ -62,18 +62,27 @@ class ServerProcess:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        if self._await_ready(timeout):
+            return self
         self.stop()
         raise RuntimeError(f"server not ready after {timeout} s:\n{self.log_path.read_text()}")
+
+    def _await_ready(self, timeout: float) -> bool:
+        """Poll `/readyz` until it answers 200 (True) or `timeout` passes (False); raise if the server exits. One
+        client for every poll: a new one costs tens of milliseconds of CPU (its TLS context), on every poll."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.url, timeout=1.0) as http:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        return True
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        return False
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server and its workers (SIGKILL kills the whole process group at once)."""

@@ -267,16 +267,17 @@ def test_make_serve_serves_the_demo_on_the_port_given(
         )
     try:
         deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                answer = httpx.get(f"http://127.0.0.1:{port}/datasets", timeout=2.0)
-                if answer.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        with httpx.Client(timeout=2.0) as probe:  # one client for every poll: a new one costs its TLS context
+            while True:
+                assert process.poll() is None, log.read_text()
+                try:
+                    answer = probe.get(f"http://127.0.0.1:{port}/datasets")
+                    if answer.status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
         assert [d["id"] for d in answer.json()["datasets"]] == ["demo"]
         rows = httpx.get(f"http://127.0.0.1:{port}/datasets/demo/rows?episodes=5,2&columns=episode_index", timeout=30)
         episodes = pa.ipc.open_stream(rows.content).read_all()["episode_index"].to_pylist()
