@@ -9,10 +9,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from filelock import FileLock
 
-from app.demo import write_demo_dataset
+from app.demo import ensure_demo_dataset, write_demo_dataset
 from app.demo_cameras import TWO_CAMERAS
-from tests.support import ServerProcess, write_generic_dataset, write_nullable_dataset, write_plain_dataset
+from tests.support import (
+    ServerProcess,
+    session_directory,
+    write_generic_dataset,
+    write_nullable_dataset,
+    write_plain_dataset,
+)
 
 # torch is the client's optional extra: where it is not installed (the Python 3.10 lane of CI, which has no CPU
 # build of torch to install), the test modules that import it are not collected, and the header says so.
@@ -28,6 +35,15 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
 
 def pytest_report_header() -> str | None:
     return None if HAS_TORCH else "torch is not installed: test modules that import it are not collected"
+
+
+@pytest.fixture(scope="session")
+def default_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in demo dataset (`write_demo_dataset`'s defaults: 200 episodes and a camera's videos), written once
+    per session and shared by every xdist worker: read it, never change it."""
+    base = session_directory(tmp_path_factory)
+    with FileLock(str(base / "default-demo.lock")):
+        return ensure_demo_dataset(base / "default-demo" / "demo")
 
 
 @pytest.fixture(scope="session")

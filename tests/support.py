@@ -11,11 +11,15 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,6 +127,12 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def session_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's temporary directory, shared by all its xdist workers (each has its own below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def read_stream(body: bytes) -> pa.Table:

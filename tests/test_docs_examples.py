@@ -38,10 +38,10 @@ import pytest
 import yaml
 from filelock import FileLock
 
-from app.demo import ensure_demo_dataset, write_demo_dataset
+from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA
 from tests.docs_blocks import PARSED, RUNNABLE, SHOWN, Block, all_blocks
-from tests.support import ROOT, ServerProcess, free_port
+from tests.support import ROOT, ServerProcess, free_port, session_directory
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,9 +61,10 @@ def _id(block: Block) -> str:
 # The datasets the docs name, and the server
 
 
-def write_docs_datasets(root: Path) -> None:
+def write_docs_datasets(root: Path, default_demo: Path) -> None:
     """The datasets the docs' examples read, under the ids they use."""
-    ensure_demo_dataset(root / "demo")  # the built-in demo, as `make serve` serves it
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(default_demo, root / "demo", copy_function=os.link)  # the built-in demo, as `make serve` serves it
     write_demo_dataset(root / "lerobot" / "pusht", episodes=100, seed=11, cameras={})
     write_demo_dataset(root / "so100" / "pick", episodes=20, seed=12, cameras={TOP_CAMERA: (32, 64)})
     write_demo_dataset(
@@ -72,15 +73,13 @@ def write_docs_datasets(root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def docs_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def docs_data(tmp_path_factory: pytest.TempPathFactory, default_demo: Path) -> tuple[Path, Path]:
     """(datasets root, cache directory), written once and shared by every xdist worker of the session."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the session's directory, above each worker's own
+    base = session_directory(tmp_path_factory)
     root, cache, done = base / "docs-datasets", base / "docs-cache", base / "docs-datasets.complete"
     with FileLock(str(base / "docs-datasets.lock")):
         if not done.exists():
-            write_docs_datasets(root)
+            write_docs_datasets(root, default_demo)
             cache.mkdir(exist_ok=True)
             done.touch()
     return root, cache
