@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock
 
 if TYPE_CHECKING:
     import pytest
@@ -133,6 +135,20 @@ def session_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's temporary directory, shared by all its xdist workers (each has its own below it)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def written_once(tmp_path_factory: pytest.TempPathFactory, name: str, write: Callable[[Path], object]) -> Path:
+    """The directory `name` of the session's directory, filled by `write` once per session by whichever xdist
+    worker asks first (the others wait for it): read what is in it, never change it."""
+    base = session_directory(tmp_path_factory)
+    path, done = base / name, base / f"{name}.complete"
+    with FileLock(str(base / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)  # half-written by a worker that was interrupted
+            path.mkdir()
+            write(path)
+            done.touch()
+    return path
 
 
 def read_stream(body: bytes) -> pa.Table:

@@ -36,12 +36,11 @@ import httpx
 import pyarrow as pa
 import pytest
 import yaml
-from filelock import FileLock
 
 from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA
 from tests.docs_blocks import PARSED, RUNNABLE, SHOWN, Block, all_blocks
-from tests.support import ROOT, ServerProcess, free_port, session_directory
+from tests.support import ROOT, ServerProcess, free_port, session_directory, written_once
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,7 +62,6 @@ def _id(block: Block) -> str:
 
 def write_docs_datasets(root: Path, default_demo: Path) -> None:
     """The datasets the docs' examples read, under the ids they use."""
-    root.mkdir(parents=True, exist_ok=True)
     shutil.copytree(default_demo, root / "demo", copy_function=os.link)  # the built-in demo, as `make serve` serves it
     write_demo_dataset(root / "lerobot" / "pusht", episodes=100, seed=11, cameras={})
     write_demo_dataset(root / "so100" / "pick", episodes=20, seed=12, cameras={TOP_CAMERA: (32, 64)})
@@ -75,13 +73,9 @@ def write_docs_datasets(root: Path, default_demo: Path) -> None:
 @pytest.fixture(scope="session")
 def docs_data(tmp_path_factory: pytest.TempPathFactory, default_demo: Path) -> tuple[Path, Path]:
     """(datasets root, cache directory), written once and shared by every xdist worker of the session."""
-    base = session_directory(tmp_path_factory)
-    root, cache, done = base / "docs-datasets", base / "docs-cache", base / "docs-datasets.complete"
-    with FileLock(str(base / "docs-datasets.lock")):
-        if not done.exists():
-            write_docs_datasets(root, default_demo)
-            cache.mkdir(exist_ok=True)
-            done.touch()
+    root = written_once(tmp_path_factory, "docs-datasets", lambda root: write_docs_datasets(root, default_demo))
+    cache = session_directory(tmp_path_factory) / "docs-cache"
+    cache.mkdir(exist_ok=True)
     return root, cache
 
 
