@@ -60,7 +60,7 @@ offsets_strategy = st.lists(st.integers(-90, 90), min_size=1, max_size=6).map(la
 def window_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("window-datasets")
     for seed in range(3):
-        write_demo_dataset(root / f"random-{seed}", episodes=12 + 7 * seed, seed=100 + seed, files=2 + seed)
+        write_demo_dataset(root / f"random-{seed}", episodes=12 + 7 * seed, seed=100 + seed, files=2 + seed, cameras={})
     with ServerProcess([root], tmp_path_factory.mktemp("window-cache")) as server:
         server.datasets_root = root
         yield server
