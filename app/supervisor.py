@@ -36,6 +36,7 @@ import os
 import signal
 import socket
 import time
+from multiprocessing import forkserver
 from multiprocessing.connection import wait
 
 from uvicorn._subprocess import subprocess_started
@@ -86,6 +87,13 @@ def _drain(readable: socket.socket) -> None:
     with contextlib.suppress(BlockingIOError):
         while readable.recv(512):
             pass
+
+
+def start_fork_server(app: str) -> None:
+    """Start the fork server the workers will be forked from, preloading `app`'s module (`module:attribute`), at
+    once: it imports the app while the supervisor reads its configuration."""
+    _FORKS.set_forkserver_preload([app.partition(":")[0]])
+    forkserver.ensure_running()
 
 
 class Worker(Process):
