@@ -27,6 +27,8 @@ from app.settings import Settings
 if TYPE_CHECKING:  # imported lazily below: app.metrics must load after PROMETHEUS_MULTIPROC_DIR is set
     from app.store.catalog import Catalog
 
+APP = "app.main:app_from_environment"  # what each worker of `serve` runs (a factory of the app)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="episerve-server", description=__doc__)
@@ -115,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         # Before anything imports app.metrics: every worker then writes its samples to files in this directory
         # and /metrics sums them (prometheus-client's multiprocess mode).
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics_directory())
-    from app.main import resolve_roots
+        from app.supervisor import start_fork_server
+
+        start_fork_server(APP)  # its environment is final: the workers inherit it from the fork server
+    from app.roots import resolve_roots
     from app.store.catalog import Catalog, ConfigurationError
 
     try:
@@ -211,7 +216,7 @@ def _serve(settings: Settings) -> int:
     configure_logging(settings.log_level, settings.log_format)  # the supervisor's own lines
     try:
         config = uvicorn.Config(
-            "app.main:app_from_environment",
+            APP,
             factory=True,
             host=settings.host,
             port=settings.port,

@@ -23,27 +23,14 @@ from app.api.row_route import install as install_row_routes
 from app.api.tokens import require_token
 from app.api.ui import install_viewer
 from app.auth import TokenVerifier
-from app.demo import ensure_demo_dataset
 from app.logs import configure_logging
+from app.roots import resolve_roots
 from app.settings import Settings, is_remote_root
-from app.sources import DatasetPath
-from app.store.catalog import Catalog, locate_roots
+from app.store.catalog import Catalog
 from app.store.segment_builds import stop_background_builds
 from app.store.warming import Warmer
 
 log = logging.getLogger("episerve")
-
-DEMO_DATASET_ID = "demo"
-
-
-def resolve_roots(settings: Settings) -> list[DatasetPath]:
-    """The configured roots (directories, or `s3://` locations), or the built-in demo dataset's root (generated on
-    first use)."""
-    if settings.roots:
-        return locate_roots(settings, settings.roots)
-    demo_root = settings.cache_dir / "demo-root"
-    ensure_demo_dataset(demo_root / DEMO_DATASET_ID)
-    return [demo_root]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

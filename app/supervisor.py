@@ -36,6 +36,7 @@ import os
 import signal
 import socket
 import time
+from multiprocessing import forkserver
 from multiprocessing.connection import wait
 
 from uvicorn._subprocess import subprocess_started
@@ -50,7 +51,7 @@ _LIKELY_CAUSES = {
     signal.SIGKILL: "killed from outside: the kernel's OOM killer, or kill -9?",
     signal.SIGABRT: "an abort in native code",
 }
-_TICK_S = 0.5  # how often signals are handled and workers pinged
+_TICK_S = 0.5  # how often workers are pinged (a signal ends the wait at once)
 _FORKS = multiprocessing.get_context("forkserver")
 _LOST = 255  # the exit code multiprocessing reports for a worker whose fork server died before it
 
@@ -69,6 +70,30 @@ def death_cause(exitcode: int | None) -> str:
     if exitcode == _LOST:
         return f"exited with status {exitcode} (or its fork server died)"
     return f"exited with status {exitcode}"
+
+
+def _signal_wakeup() -> tuple[socket.socket, socket.socket]:
+    """A pair of sockets whose first becomes readable when a signal arrives, so that a wait on the workers ends at
+    once (SIGTERM stops the server without waiting for the tick). The second must stay open as long."""
+    readable, writable = socket.socketpair()
+    for end in (readable, writable):
+        end.setblocking(False)
+    signal.set_wakeup_fd(writable.fileno(), warn_on_full_buffer=False)
+    return readable, writable
+
+
+def _drain(readable: socket.socket) -> None:
+    """Read what the signals wrote, so that the next wait blocks again."""
+    with contextlib.suppress(BlockingIOError):
+        while readable.recv(512):
+            pass
+
+
+def start_fork_server(app: str) -> None:
+    """Start the fork server the workers will be forked from, preloading `app`'s module (`module:attribute`), at
+    once: it imports the app while the supervisor reads its configuration."""
+    _FORKS.set_forkserver_preload([app.partition(":")[0]])
+    forkserver.ensure_running()
 
 
 class Worker(Process):
@@ -105,6 +130,7 @@ class Supervisor(Multiprocess):
             _FORKS.set_forkserver_preload([config.app.partition(":")[0]])
         self._pinged: dict[Process, float] = {}  # health checks sent and not answered yet: when
         self._answered: dict[Process, float] = {}  # when each worker last answered one
+        self._signalled, self._signal_writer = _signal_wakeup()
 
     def run(self) -> None:
         """uvicorn's loop, which sleeps 0.5 s between checks, waiting on the workers instead."""
@@ -150,7 +176,10 @@ class Supervisor(Multiprocess):
         for gone in {*self._pinged, *self._answered} - set(self.processes):
             self._retire(gone)  # retired by SIGTTOU
         awaited = [process.parent_conn for process in self._pinged]
-        ready = set(wait([process.process.sentinel for process in self.processes] + awaited, timeout=_TICK_S))
+        sentinels = [process.process.sentinel for process in self.processes]
+        ready = set(wait([*sentinels, *awaited, self._signalled], timeout=_TICK_S))
+        if self._signalled in ready:
+            _drain(self._signalled)  # the signal itself waits in uvicorn's queue for the next round
         now = time.monotonic()
         for process in self.processes:
             if process.parent_conn in ready:

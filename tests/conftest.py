@@ -10,9 +10,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.demo import write_demo_dataset
+from app.demo import ensure_demo_dataset, write_demo_dataset
 from app.demo_cameras import TWO_CAMERAS
-from tests.support import ServerProcess, write_generic_dataset, write_nullable_dataset, write_plain_dataset
+from tests.support import (
+    ServerProcess,
+    write_generic_dataset,
+    write_nullable_dataset,
+    write_plain_dataset,
+    written_once,
+)
 
 # torch is the client's optional extra: where it is not installed (the Python 3.10 lane of CI, which has no CPU
 # build of torch to install), the test modules that import it are not collected, and the header says so.
@@ -31,24 +37,37 @@ def pytest_report_header() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def datasets_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("datasets")
+def default_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in demo dataset (`write_demo_dataset`'s defaults: 200 episodes and a camera's videos), written once
+    per session and shared by every xdist worker: read it, never change it."""
+    return written_once(tmp_path_factory, "default-demo", lambda root: ensure_demo_dataset(root / "demo")) / "demo"
+
+
+def _write_datasets(root: Path) -> None:
     write_demo_dataset(root / "lerobot" / "demo-v3", format="v3.0", episodes=60, seed=1, files=3)
     write_demo_dataset(root / "lerobot" / "demo-v21", format="v2.1", episodes=30, seed=2)
     write_generic_dataset(root / "generic")
     write_plain_dataset(root / "plain")
     write_nullable_dataset(root / "nullable")
-    return root
+
+
+@pytest.fixture(scope="session")
+def datasets_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every supported layout: LeRobot v3.0 and v2.1 demos (`lerobot/demo-v3`, `lerobot/demo-v21`), plain parquet
+    files with episodes (`generic`), without (`plain`) and with nulls (`nullable`); shared by the xdist workers."""
+    return written_once(tmp_path_factory, "datasets", _write_datasets)
 
 
 @pytest.fixture(scope="session")
 def video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two cameras of different sizes in mp4 files: `cams-v3` (LeRobot v3.0, 3 files per camera holding several
     episodes each) and `cams-v21` (v2.1, one file per episode and camera); 9 episodes each."""
-    root = tmp_path_factory.mktemp("video-root")
+    return written_once(tmp_path_factory, "video-root", _write_video_root)
+
+
+def _write_video_root(root: Path) -> None:
     write_demo_dataset(root / "cams-v3", format="v3.0", episodes=9, seed=3, cameras=TWO_CAMERAS, video_files=3)
     write_demo_dataset(root / "cams-v21", format="v2.1", episodes=9, seed=3, cameras=TWO_CAMERAS)
-    return root
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,11 +12,16 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock
+
+if TYPE_CHECKING:
+    import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,18 +68,27 @@ class ServerProcess:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        if self._await_ready(timeout):
+            return self
         self.stop()
         raise RuntimeError(f"server not ready after {timeout} s:\n{self.log_path.read_text()}")
+
+    def _await_ready(self, timeout: float) -> bool:
+        """Poll `/readyz` until it answers 200 (True) or `timeout` passes (False); raise if the server exits. One
+        client for every poll: a new one costs tens of milliseconds of CPU (its TLS context), on every poll."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.url, timeout=1.0) as http:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_path.read_text()}")
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        return True
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        return False
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the server and its workers (SIGKILL kills the whole process group at once)."""
@@ -114,6 +129,26 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def session_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's temporary directory, shared by all its xdist workers (each has its own below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def written_once(tmp_path_factory: pytest.TempPathFactory, name: str, write: Callable[[Path], object]) -> Path:
+    """The directory `name` of the session's directory, filled by `write` once per session by whichever xdist
+    worker asks first (the others wait for it): read what is in it, never change it."""
+    base = session_directory(tmp_path_factory)
+    path, done = base / name, base / f"{name}.complete"
+    with FileLock(str(base / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)  # half-written by a worker that was interrupted
+            path.mkdir()
+            write(path)
+            done.touch()
+    return path
 
 
 def read_stream(body: bytes) -> pa.Table:

@@ -94,7 +94,7 @@ def test_sigkill_during_build_leaves_nothing_that_is_served(tmp_path: Path) -> N
 @pytest.mark.parametrize("damage", ["truncate", "remove_sidecar", "garbage_sidecar", "wrong_rows", "empty_file"])
 def test_damaged_segment_is_rebuilt_never_served(tmp_path: Path, damage: str) -> None:
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=12, files=2)
+    write_demo_dataset(root / "demo", episodes=12, files=2, cameras={})
     catalog = make_catalog(root, tmp_path / "cache")
     dataset = catalog.get("demo")
     expected = oracle(root / "demo", None)
@@ -148,7 +148,7 @@ def test_a_map_truncated_and_then_rebuilt_by_another_process_is_never_read(tmp_p
 
 def test_concurrent_processes_build_each_segment_once(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=40, files=3)
+    write_demo_dataset(root / "demo", episodes=40, files=3, cameras={})
     cache = tmp_path / "cache"
     context = multiprocessing.get_context("spawn")
     workers = 4
@@ -169,7 +169,7 @@ def test_concurrent_requests_in_one_process_share_one_build(tmp_path: Path) -> N
     from concurrent.futures import ThreadPoolExecutor
 
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=20, files=1)
+    write_demo_dataset(root / "demo", episodes=20, files=1, cameras={})
     dataset = make_catalog(root, tmp_path / "cache", cold_read_bytes=0).get("demo")
     with ThreadPoolExecutor(8) as pool:
         sizes = list(pool.map(lambda _: len(take(dataset, None, [0, 5, 9], ["index"]).table), range(16)))
@@ -181,7 +181,7 @@ def test_warm_builds_files_side_by_side_each_once_and_reports_every_row(tmp_path
     from app.store.warming import warm
 
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", format="v2.1", episodes=12, seed=5)  # one parquet file per episode
+    write_demo_dataset(root / "demo", format="v2.1", episodes=12, seed=5, cameras={})  # one parquet file per episode
     dataset = make_catalog(root, tmp_path / "cache", build_threads=3, build_batch_bytes=64 * 1024).get("demo")
     index = dataset.index()
     reported: list[int] = []
@@ -202,7 +202,7 @@ def test_warm_stops_at_a_source_that_cannot_be_converted(tmp_path: Path) -> None
     from app.store.warming import warm
 
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", format="v2.1", episodes=6, seed=6)
+    write_demo_dataset(root / "demo", format="v2.1", episodes=6, seed=6, cameras={})
     dataset = make_catalog(root, tmp_path / "cache", build_threads=2).get("demo")
     index = dataset.index()
     broken = root / "demo" / index.files[3].path
@@ -242,7 +242,7 @@ def test_rewritten_source_file_is_never_served_stale(tmp_path: Path) -> None:
 
 def test_changed_file_invalidates_only_its_own_segment(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=30, files=3)
+    write_demo_dataset(root / "demo", episodes=30, files=3, cameras={})
     catalog = make_catalog(root, tmp_path / "cache")
     dataset = catalog.get("demo")
     read_slice(dataset, None, 0, None, None, 10**9)
@@ -260,7 +260,7 @@ def test_changed_file_invalidates_only_its_own_segment(tmp_path: Path) -> None:
 
 def test_three_distinct_picks_cost_no_more_disk_than_one_conversion(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=100, files=4)
+    write_demo_dataset(root / "demo", episodes=100, files=4, cameras={})
     cache = tmp_path / "cache"
     with ServerProcess([root], cache) as server, httpx.Client(base_url=server.url, timeout=60) as http:
         for spec in ("0-9", "0-49", "0-99"):  # 10 %, 50 %, full
@@ -294,7 +294,7 @@ def test_source_files_with_dots_in_their_names_get_distinct_segments(tmp_path: P
 
 def test_cold_take_reads_row_groups_and_builds_the_segment_in_the_background(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=30, files=2)
+    write_demo_dataset(root / "demo", episodes=30, files=2, cameras={})
     dataset = make_catalog(root, tmp_path / "cache").get("demo")
     view = oracle(root / "demo", [3, 17, 25])
     indices = [view.num_rows - 1, 0, 5, 5, view.num_rows // 2]
@@ -312,7 +312,7 @@ def test_cold_take_reads_row_groups_and_builds_the_segment_in_the_background(tmp
 
 def test_cold_reads_over_budget_wait_for_the_build(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=10, files=1)
+    write_demo_dataset(root / "demo", episodes=10, files=1, cameras={})
     dataset = make_catalog(root, tmp_path / "cache", cold_read_bytes=1).get("demo")
     view = oracle(root / "demo", None)
     assert_tables_equal(take(dataset, None, [7, 1], None).table, view.take(pa.array([7, 1])))
@@ -321,7 +321,7 @@ def test_cold_reads_over_budget_wait_for_the_build(tmp_path: Path) -> None:
 
 def test_conditional_request_is_answered_without_building_and_never_for_changed_sources(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=12, files=2)
+    write_demo_dataset(root / "demo", episodes=12, files=2, cameras={})
     params = {"episodes": "3-5", "columns": "index"}
     with ServerProcess([root], tmp_path / "cache-a") as first:
         etag = httpx.get(f"{first.url}/datasets/demo/rows", params=params).headers["etag"]
@@ -343,7 +343,7 @@ def test_cold_reads_beyond_the_worker_memory_budget_wait_their_turn_and_return_c
     from app.store.read_memory import ColdReadMemory, cold_read_memory
 
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=12, files=1)
+    write_demo_dataset(root / "demo", episodes=12, files=1, cameras={})
     source = sorted((root / "demo").rglob("*.parquet"))[0]
     cold = ColdRows(open_source(root / "demo"), source.relative_to(root / "demo").as_posix())
     one_read = cold.read_memory(np.array([0]), pq.read_schema(source), None)
@@ -401,7 +401,7 @@ def test_tampered_index_is_discarded_rebuilt_and_reported_by_verify(tmp_path: Pa
     from tests.test_operations import run_cli
 
     root = tmp_path / "root"
-    write_demo_dataset(root / "demo", episodes=20, files=2)
+    write_demo_dataset(root / "demo", episodes=20, files=2, cameras={})
     cache = tmp_path / "cache"
     expected = oracle(root / "demo", [10, 11])
     make_catalog(root, cache).get("demo").index()

@@ -34,8 +34,9 @@ V21_EPISODES = 40
 
 
 @pytest.fixture(scope="module")
-def v30(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_demo_dataset(tmp_path_factory.mktemp("v30") / "demo")
+def v30(default_demo: Path) -> Path:
+    """`write_demo_dataset`'s defaults (v3.0), as written once for the session."""
+    return default_demo
 
 
 @pytest.fixture(scope="module")

@@ -36,12 +36,11 @@ import httpx
 import pyarrow as pa
 import pytest
 import yaml
-from filelock import FileLock
 
-from app.demo import ensure_demo_dataset, write_demo_dataset
+from app.demo import write_demo_dataset
 from app.demo_cameras import TOP_CAMERA
 from tests.docs_blocks import PARSED, RUNNABLE, SHOWN, Block, all_blocks
-from tests.support import ROOT, ServerProcess, free_port
+from tests.support import ROOT, ServerProcess, free_port, session_directory, written_once
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,9 +60,9 @@ def _id(block: Block) -> str:
 # The datasets the docs name, and the server
 
 
-def write_docs_datasets(root: Path) -> None:
+def write_docs_datasets(root: Path, default_demo: Path) -> None:
     """The datasets the docs' examples read, under the ids they use."""
-    ensure_demo_dataset(root / "demo")  # the built-in demo, as `make serve` serves it
+    shutil.copytree(default_demo, root / "demo", copy_function=os.link)  # the built-in demo, as `make serve` serves it
     write_demo_dataset(root / "lerobot" / "pusht", episodes=100, seed=11, cameras={})
     write_demo_dataset(root / "so100" / "pick", episodes=20, seed=12, cameras={TOP_CAMERA: (32, 64)})
     write_demo_dataset(
@@ -72,17 +71,11 @@ def write_docs_datasets(root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def docs_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def docs_data(tmp_path_factory: pytest.TempPathFactory, default_demo: Path) -> tuple[Path, Path]:
     """(datasets root, cache directory), written once and shared by every xdist worker of the session."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the session's directory, above each worker's own
-    root, cache, done = base / "docs-datasets", base / "docs-cache", base / "docs-datasets.complete"
-    with FileLock(str(base / "docs-datasets.lock")):
-        if not done.exists():
-            write_docs_datasets(root)
-            cache.mkdir(exist_ok=True)
-            done.touch()
+    root = written_once(tmp_path_factory, "docs-datasets", lambda root: write_docs_datasets(root, default_demo))
+    cache = session_directory(tmp_path_factory) / "docs-cache"
+    cache.mkdir(exist_ok=True)
     return root, cache
 
 
@@ -267,16 +260,17 @@ def test_make_serve_serves_the_demo_on_the_port_given(
         )
     try:
         deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                answer = httpx.get(f"http://127.0.0.1:{port}/datasets", timeout=2.0)
-                if answer.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        with httpx.Client(timeout=2.0) as probe:  # one client for every poll: a new one costs its TLS context
+            while True:
+                assert process.poll() is None, log.read_text()
+                try:
+                    answer = probe.get(f"http://127.0.0.1:{port}/datasets")
+                    if answer.status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
         assert [d["id"] for d in answer.json()["datasets"]] == ["demo"]
         rows = httpx.get(f"http://127.0.0.1:{port}/datasets/demo/rows?episodes=5,2&columns=episode_index", timeout=30)
         episodes = pa.ipc.open_stream(rows.content).read_all()["episode_index"].to_pylist()

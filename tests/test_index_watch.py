@@ -18,13 +18,13 @@ from tests.test_operations import run_cli
 LOOK = 0.3  # EPISERVE_RESCAN_INTERVAL_S of these servers: how often they look at their files
 
 
-def _rows(server: ServerProcess, episodes: str | None) -> httpx.Response:
+def _rows(http: httpx.Client, episodes: str | None) -> httpx.Response:
     params = {"episodes": episodes} if episodes is not None else {}
-    return httpx.get(f"{server.url}/datasets/generic/rows", params=params, timeout=60)
+    return http.get("/datasets/generic/rows", params=params)
 
 
-def _served_right(server: ServerProcess, root: Path, episodes: list[int]) -> bool:
-    response = _rows(server, ",".join(map(str, episodes)))
+def _served_right(http: httpx.Client, root: Path, episodes: list[int]) -> bool:
+    response = _rows(http, ",".join(map(str, episodes)))
     assert response.status_code == 200, response.text
     served, expected = read_stream(response.content), oracle(root / "generic", episodes)
     return served.num_rows == expected.num_rows and all(
@@ -36,8 +36,8 @@ def test_a_forged_index_under_a_running_server_is_never_served_not_even_after_a_
     root, cache = tmp_path / "root", tmp_path / "cache"
     write_generic_dataset(root / "generic")
     env = {"EPISERVE_RESCAN_INTERVAL_S": str(LOOK)}
-    with ServerProcess([root], cache, env=env) as server:
-        assert _served_right(server, root, [1, 7])
+    with ServerProcess([root], cache, env=env) as server, server.client() as http:
+        assert _served_right(http, root, [1, 7])
         # Episode labels 1 and 7 swapped, checksum recomputed: consistent on its face.
         _tamper_with_index(cache, (1, 7), fix_checksum=True)
         time.sleep(3 * LOOK)
@@ -48,7 +48,7 @@ def test_a_forged_index_under_a_running_server_is_never_served_not_even_after_a_
         for _ in range(20):
             time.sleep(LOOK)
             for episodes in ([7], [1], [1, 7], [0, 3, 7, 11]):
-                assert _served_right(server, root, episodes), f"wrong rows for episodes {episodes}"
+                assert _served_right(http, root, episodes), f"wrong rows for episodes {episodes}"
     assert "changed under this process and disagrees with it" in server.log_path.read_text()
     assert run_cli("verify", "--root", str(root), "--cache-dir", str(cache)).returncode == 0  # the forgery is gone
 
@@ -59,17 +59,17 @@ def test_a_server_that_loaded_a_forged_index_serves_the_right_rows_once_verify_r
     make_catalog(root, cache).get("generic").index()
     _tamper_with_index(cache, (1, 7), fix_checksum=True)  # before the server starts: only the sources tell
     env = {"EPISERVE_RESCAN_INTERVAL_S": str(LOOK), "EPISERVE_LOG_LEVEL": "info"}
-    with ServerProcess([root], cache, env=env) as server:
-        assert _rows(server, "7").status_code == 200  # (the forged index is loaded: its runs are what it serves)
+    with ServerProcess([root], cache, env=env) as server, server.client() as http:
+        assert _rows(http, "7").status_code == 200  # (the forged index is loaded: its runs are what it serves)
         report = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
         assert report.returncode == 1, report.stdout + report.stderr  # damage found, and all of it repaired
         assert "index.json: it has episode" in report.stdout and "-> rebuilt" in report.stdout
         deadline = time.monotonic() + 10 * LOOK + 2
-        while not _served_right(server, root, [7]):
+        while not _served_right(http, root, [7]):
             assert time.monotonic() < deadline, "the running server still serves the forged index"
             time.sleep(0.05)
         for episodes in ([7], [1], [1, 7], None):
-            response = _rows(server, ",".join(map(str, episodes)) if episodes else None)
+            response = _rows(http, ",".join(map(str, episodes)) if episodes else None)
             assert_tables_equal(read_stream(response.content), oracle(root / "generic", episodes))
     clean = run_cli("verify", "--root", str(root), "--cache-dir", str(cache))
     assert clean.returncode == 0 and "0 damaged" in clean.stdout and "index.json" not in clean.stdout

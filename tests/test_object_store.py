@@ -686,11 +686,12 @@ def test_wrong_credentials_stop_the_server_at_startup_naming_the_store_s_refusal
     )
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.TransportError):
-                httpx.get(f"http://127.0.0.1:{port}/", timeout=1.0)
-                break
-            time.sleep(0.1)
+        with httpx.Client(timeout=1.0) as probe:  # one client for every poll: a new one costs its TLS context
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.TransportError):
+                    probe.get(f"http://127.0.0.1:{port}/")
+                    break
+                time.sleep(0.1)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("EPISERVE_", "AWS_"))}
         env |= CREDENTIALS | {
             "AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +61,22 @@ offsets_strategy = st.lists(st.integers(-90, 90), min_size=1, max_size=6).map(la
 def window_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("window-datasets")
     for seed in range(3):
-        write_demo_dataset(root / f"random-{seed}", episodes=12 + 7 * seed, seed=100 + seed, files=2 + seed)
+        write_demo_dataset(root / f"random-{seed}", episodes=12 + 7 * seed, seed=100 + seed, files=2 + seed, cameras={})
     with ServerProcess([root], tmp_path_factory.mktemp("window-cache")) as server:
         server.datasets_root = root
         yield server
 
 
+@pytest.fixture(scope="module")
+def window_http(window_server: ServerProcess) -> Iterator[httpx.Client]:
+    """One client of the window server for every example (a new one per request costs tens of ms of CPU)."""
+    with window_server.client(timeout=30) as http:
+        yield http
+
+
 @HYPOTHESIS
 @given(data=st.data())
-def test_take_windows_equal_reference(window_server: Any, data: st.DataObject) -> None:
+def test_take_windows_equal_reference(window_server: Any, window_http: httpx.Client, data: st.DataObject) -> None:
     seed = data.draw(st.integers(0, 2), label="dataset")
     dataset = f"random-{seed}"
     episodes = data.draw(st.lists(st.integers(0, 11 + 7 * seed), min_size=1, max_size=5), label="pick")
@@ -76,14 +84,14 @@ def test_take_windows_equal_reference(window_server: Any, data: st.DataObject) -
     rows = data.draw(st.lists(st.integers(0, view.num_rows - 1), min_size=1, max_size=40), label="rows")
     deltas = {"action": data.draw(offsets_strategy), "index": data.draw(offsets_strategy)}
     body = {"indices": rows, "episodes": episodes, "delta_timestamps": deltas}
-    response = httpx.post(f"{window_server.url}/datasets/{dataset}/rows/take", json=body, timeout=30)
+    response = window_http.post(f"/datasets/{dataset}/rows/take", json=body)
     assert response.status_code == 200, response.text
     assert_windows_match(read_stream(response.content), view, rows, deltas, FPS)
 
 
 @HYPOTHESIS
 @given(data=st.data())
-def test_rows_windows_equal_reference(window_server: Any, data: st.DataObject) -> None:
+def test_rows_windows_equal_reference(window_server: Any, window_http: httpx.Client, data: st.DataObject) -> None:
     episodes = data.draw(st.lists(st.integers(0, 11), min_size=1, max_size=4), label="pick")
     view = oracle(window_server.datasets_root / "random-0", episodes)
     start = data.draw(st.integers(0, view.num_rows - 1))
@@ -96,7 +104,7 @@ def test_rows_windows_equal_reference(window_server: Any, data: st.DataObject) -
         "delta_timestamps": json.dumps(deltas),
         "columns": "episode_index,observation.state",
     }
-    response = httpx.get(f"{window_server.url}/datasets/random-0/rows", params=params, timeout=30)
+    response = window_http.get("/datasets/random-0/rows", params=params)
     assert response.status_code == 200, response.text
     table = read_stream(response.content)
     assert table.column_names == ["episode_index", "observation.state", "observation.state_is_pad"]

@@ -27,7 +27,6 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.coalesced_writes import CoalescedWrites
-from app.api.problems import problem
 
 
 @dataclass(frozen=True)
@@ -188,6 +187,8 @@ def _client(client: tuple[str, int] | None) -> str:
 
 def _problem_response(status: int, detail: str) -> bytes:
     """The whole HTTP response of a problem (`app.api.problems.problem`), as written straight to the transport."""
+    from app.api.problems import problem  # the web framework: not for the supervisor, which only names this class
+
     response = problem(status, detail, headers={"Connection": "close"})
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode("ascii")]
     lines.extend(name + b": " + value for name, value in response.raw_headers)
