@@ -156,6 +156,14 @@ class Settings(BaseSettings):
         "trip in raw pixels, read without a decode and with the same answers; least recently used evicted first. "
         "0 (the default): no hot layer, every frame of an encoded tier is decoded when read.",
     )
+    video_hot_min_idle_s: float = Field(
+        30.0,
+        ge=0,
+        description="A hot pixel segment used within this many seconds is never evicted for another: when the hot "
+        "budget is full of segments in use (a shuffled read over more files than it holds), a file that is not hot "
+        "stays on its encoded segment instead of evicting one in use and rebuilding it again and again. 0: evict "
+        "the least recently used whatever its age.",
+    )
     video_cache_size: Annotated[dict[str, tuple[int, int]], NoDecode] = Field(
         default_factory=dict,
         description="Serve camera frames downscaled (decoded-frame segments are stored at that size too): `HxW` for "

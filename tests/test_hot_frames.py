@@ -113,7 +113,7 @@ def test_the_hot_budget_evicts_least_recently_used_hot_segments_only(tmp_path: P
     assert fits < overflows, size
     budget = (fits + overflows) // 2
     cache = tmp_path / "cache"
-    env = JPEG | {"EPISERVE_VIDEO_HOT_BYTES": str(budget)}
+    env = JPEG | {"EPISERVE_VIDEO_HOT_BYTES": str(budget), "EPISERVE_VIDEO_HOT_MIN_IDLE_S": "0"}
     steps = [(0, {0}), (1, {0, 1}), (0, {0, 1}), (2, {0, 2}), (3, {2, 3})]  # reading 0 again makes 1 the oldest
     with ServerProcess([root], cache, env=env) as server, server.client() as http:
         for episode, resident in steps:
@@ -127,6 +127,21 @@ def test_the_hot_budget_evicts_least_recently_used_hot_segments_only(tmp_path: P
             read(http, episode)
             assert sum(hot(cache).values()) <= budget
         assert len(published(cache, "frames")) == 4  # hot eviction never takes a JPEG segment
+
+    # With the default minimum idle time, segments in use are kept: a shuffled read over more files than the hot
+    # budget holds leaves the two first hot and the others on their JPEG segments, instead of rebuilding in turn.
+    kept = tmp_path / "kept"
+    env = JPEG | {"EPISERVE_VIDEO_HOT_BYTES": str(budget)}
+    with ServerProcess([root], kept, env=env) as server, server.client() as http:
+        for episode in (0, 1):
+            read(http, episode)
+            eventually(lambda episode=episode: episode in hot(kept), 60)
+        for episode in (2, 3, 0, 1, 2, 3):
+            read(http, episode)
+        eventually(lambda: len(published(kept, "frames")) == 4, 60)  # every file's JPEG segment is built
+        for episode in (2, 3):
+            read(http, episode)
+        assert set(hot(kept)) == {0, 1}
 
 
 def test_a_client_on_the_same_machine_reads_hot_pixels_by_reference(video_root: Path, tmp_path: Path) -> None:

@@ -66,7 +66,8 @@ class SharedCaches:
         datasets = settings.cache_dir / "datasets"
         budget = FrameBudget(datasets, settings.video_cache_bytes, lru, FRAME_STORE)
         hot_bytes = settings.video_hot_bytes
-        hot = FrameBudget(datasets, hot_bytes, lru, HOT_FRAME_STORE) if hot_bytes else None
+        min_idle_s = settings.video_hot_min_idle_s
+        hot = FrameBudget(datasets, hot_bytes, lru, HOT_FRAME_STORE, min_idle_s) if hot_bytes else None
         return cls(lru, budget, DecoderPool(settings.video_decoders, settings.video_decode_threads), hot)
 
 

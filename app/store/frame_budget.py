@@ -38,17 +38,21 @@ class FrameBudget:
     """Keeps the segments under `datasets_dir/*/<store>/` (every dataset's decoded-frame segments, or their hot
     pixel segments) within `limit` bytes (None: no limit)."""
 
-    def __init__(self, datasets_dir: Path, limit: int | None, lru: SegmentLRU, store: str = "frames") -> None:
+    def __init__(
+        self, datasets_dir: Path, limit: int | None, lru: SegmentLRU, store: str = "frames", min_idle_s: float = 0.0
+    ) -> None:
         self.datasets_dir = datasets_dir
         self.limit = limit
         self.lru = lru
         self.store = store
+        self.min_idle_s = min_idle_s  # segments used more recently are never evicted for a new one
         self.evicted = 0  # segments this process evicted (for tests and status)
         self._touched: dict[Path, float] = {}
         self._lock = threading.Lock()
 
     def admit(self, arrow: Path, nbytes: int) -> bool:
-        """Make room for a new segment of about `nbytes` at `arrow`; False if it can never fit the budget."""
+        """Make room for a new segment of about `nbytes` at `arrow`; False if it can never fit the budget, or only by
+        evicting segments used within `min_idle_s` (then nothing is evicted)."""
         if self.limit is None:
             return True
         if nbytes > self.limit:
@@ -58,7 +62,12 @@ class FrameBudget:
         with FileLock(self.datasets_dir / self._lock_name):
             residents = sorted(self._residents(exclude=arrow), key=lambda r: r.used_at)
             used = sum(r.nbytes for r in residents)
-            for victim in residents:
+            idle_before = time.time() - self.min_idle_s if self.min_idle_s else float("inf")
+            evictable = [r for r in residents if r.used_at <= idle_before]
+            if used - sum(r.nbytes for r in evictable) + nbytes > self.limit:
+                log.debug("%s of %s not admitted: the budget is held by segments in use", self.store, arrow.name)
+                return False
+            for victim in evictable:
                 if used + nbytes <= self.limit:
                     break
                 if self._evict(victim):
