@@ -124,7 +124,10 @@ def test_the_hot_budget_evicts_least_recently_used_hot_segments_only(tmp_path: P
             assert sum(hot(cache).values()) <= budget
         eventually(lambda: len(published(cache, "frames")) == 4, 60)
         for episode in range(4):  # every answer still right, hot or not (the cold ones queue hot builds again)
+            time.sleep(1.1)
             read(http, episode)
+            # Admission counts published segments only: the next read waits for this one's build to be published.
+            eventually(lambda episode=episode: episode in hot(cache), 60)
             assert sum(hot(cache).values()) <= budget
         assert len(published(cache, "frames")) == 4  # hot eviction never takes a JPEG segment
 
