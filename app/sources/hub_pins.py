@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from app.atomic_files import write_atomically
 from app.errors import TryLater
 
 LOCK_WAIT_S = 300.0  # how long a process waits for another's resolve before answering 503
@@ -80,18 +80,7 @@ class RevisionPins:
 
     def _write(self, repo_id: str, revision: str, commit: str) -> Pin:
         pin = Pin(repo_id, revision, commit, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        path = self._path(repo_id)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with open(temporary, "w", encoding="utf-8") as out:
-            json.dump(pin.as_json(), out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_atomically(self._path(repo_id), json.dumps(pin.as_json()).encode())
         return pin
 
     @contextlib.contextmanager

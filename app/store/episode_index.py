@@ -24,9 +24,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from app.atomic_files import write_atomically
 from app.errors import DatasetError
 from app.sources import EpisodeRun, Source, SourceFingerprint, schema_hash
-from app.store.atomic_files import write_atomically
 
 INDEX_FORMAT = 4
 log = logging.getLogger("episerve.cache")

@@ -55,7 +55,7 @@ class FrameCache(SegmentStore):
         segment = self.open_if_built(source, schema)
         if segment is None:
             if build and not self.queued(rel) and self._admit(source, schema):
-                self.build_in_background(source, schema)
+                self.build_in_background(source, schema, admit=lambda: self._admit(source, schema))
             return None
         return self._used(segment)
 

@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -32,12 +33,12 @@ import pyarrow as pa
 from filelock import FileLock
 
 from app import metrics
+from app.atomic_files import fsync_directory, write_atomically
 from app.errors import DatasetError
 from app.sources import Source, SourceFingerprint
 from app.sources.files import is_remote_path, shown_path
 from app.sources.parquet import BUILD_READ_BATCHES, REMOTE_BUFFER_BYTES
 from app.sources.source import SourceReplaced
-from app.store.atomic_files import fsync_directory, write_atomically
 from app.store.build_backoff import BuildBackoff
 from app.store.mapped_segments import Segment, SegmentLRU, map_segment
 from app.store.read_memory import ColdReadMemory
@@ -185,9 +186,13 @@ class SegmentStore:
         with self._flights_lock:
             return source_path in self._queued or self.backoff.waiting(source_path)
 
-    def build_in_background(self, source: SourceFingerprint, schema: pa.Schema) -> None:
+    def build_in_background(
+        self, source: SourceFingerprint, schema: pa.Schema, admit: Callable[[], bool] | None = None
+    ) -> None:
         """Queue a build of the segment (once; a failure is logged, and the next request queues it again once
-        its backoff has passed: 1 s, doubling up to 30 s while it keeps failing)."""
+        its backoff has passed: 1 s, doubling up to 30 s while it keeps failing). With `admit`, the build asks it
+        again when it starts and is given up if it says no: builds queued together were admitted against the same
+        room, and only by the time one starts are all the builds queued before it published."""
         with self._flights_lock:
             if source.path in self._queued or self.backoff.waiting(source.path):
                 return
@@ -195,7 +200,9 @@ class SegmentStore:
 
         def build() -> None:
             try:
-                if not STOPPING.is_set():
+                if admit is not None and not admit():
+                    log.info("background build of %s given up: its budget has no room for it now", source.path)
+                elif not STOPPING.is_set():
                     self.open(source, schema, unless_stopping)
                     self.backoff.succeeded(source.path)
             except BuildStopped:
