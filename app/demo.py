@@ -104,10 +104,10 @@ def write_demo_dataset(
     return out
 
 
-def ensure_demo_dataset(out: Path) -> Path:
-    """Write the default demo (v3.0) into `out` unless a complete one is already there; safe under
-    concurrent callers from several processes (write into a temp sibling dir, then os.rename into place;
-    if the rename loses the race, discard the temp). Return `out`.
+def ensure_demo_dataset(out: Path, **options: Any) -> Path:
+    """Write the default demo (v3.0; or `write_demo_dataset` with `options`) into `out` unless a complete one is
+    already there; safe under concurrent callers from several processes (write into a temp sibling dir, then
+    os.rename into place; if the rename loses the race, discard the temp). Return `out`.
 
     Raises ValueError if `out` exists and holds something other than a complete dataset.
     """
@@ -120,7 +120,7 @@ def ensure_demo_dataset(out: Path) -> Path:
     # Hidden name: dataset scanners skip dot-directories, so a half-written temp is never served.
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        write_demo_dataset(tmp)
+        write_demo_dataset(tmp, **options)
         try:
             os.rename(tmp, out)  # atomic; replaces `out` only if it is absent or an empty directory
         except OSError as exc:
