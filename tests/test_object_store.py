@@ -506,7 +506,8 @@ def test_store_errors_mid_read_answer_503_naming_the_object_while_cached_rows_ke
         back = take([uncached, *cached])
         assert back.status_code == 200, back.text
         assert_tables_equal(read_stream(back.content), everything.take([uncached, *cached]))
-    assert not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp"))
+        # The failed builds left no partial segment; the one the healed read queued may still be writing its own.
+        _eventually(lambda: not list((tmp_path / "cache").glob("datasets/*/segments/*.tmp")), 60)
 
 
 def test_a_slow_store_answers_503_naming_the_object_within_the_wait_bound_and_serves_once_fast_again(

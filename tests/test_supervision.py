@@ -209,10 +209,11 @@ def test_ten_truncations_of_mapped_segments_under_load_no_wrong_row_no_silent_de
     assert totals["wrong_rows"] == 0, totals
     assert totals["failed"] == 0, errors[:3]
     assert totals["requests"] > 50, totals
-    # The service answered throughout: every probe within 2 s, but for one that a CPU-starved machine may delay
-    # (a replacement's first request opens the dataset and rebuilds the truncated segment) to at most 5 s.
+    # The service answered throughout: every probe within 2 s, but for one per replaced worker that a CPU-starved
+    # machine may delay (a replacement's first request opens the dataset and rebuilds the truncated segment) to at
+    # most 5 s.
     slow = [wait for wait in waits if wait >= 2.0]
-    assert len(waits) > 50 and len(slow) <= 1 and max(waits) < 5.0, sorted(waits)[-5:]
+    assert len(waits) > 50 and len(slow) <= max(1, len(deaths)) and max(waits) < 5.0, sorted(waits)[-5:]
     assert _wrong_rows(final, expected) == 0
     # Every worker that went away was logged with its cause: as many deaths as workers replaced.
     assert len(deaths) == len(seen) - 1, (deaths, seen)
