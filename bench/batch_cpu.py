@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         logs / "warm.log",
     )
     kinds = [kind for kind in args.loaders.split(",") if kind]
-    with EpiserveServer(workdir / "data", cache_dir, logs, workers=args.server_workers).start() as server:
+    with EpiserveServer(workdir / "data", cache_dir, logs, workers=args.server_workers) as server:
         datasets = _datasets(server.url, size.name, cache_dir, ipc)
         if args.inline:
             seen = _rounds(
