@@ -295,7 +295,10 @@ class Client:
                 tables, buffer, totals = self._takes_answer(response, len(payload))
                 resolved = self._resolved(tables, references)
                 if resolved is not None:
-                    return [Pages([ArrowBody(t, buffer)], total) for t, total in zip(resolved, totals, strict=True)]
+                    return [
+                        Pages([ArrowBody(t, buffer, arrays)], total)
+                        for (t, arrays), total in zip(resolved, totals, strict=True)
+                    ]
         response = self._send("POST", "/takes", body={"takes": payload}, arrow=True)
         tables, buffer, totals = self._takes_answer(response, len(payload))
         return [Pages([ArrowBody(t, buffer)], total) for t, total in zip(tables, totals, strict=True)]
@@ -322,7 +325,8 @@ class Client:
                 body = _arrow_body(response, selection.dataset_id)
                 resolved = self._resolved([body.table], references)
                 if resolved is not None:
-                    return ArrowBody(resolved[0], body.buffer), int(response.headers["x-total-rows"])
+                    table, arrays = resolved[0]
+                    return ArrowBody(table, body.buffer, arrays), int(response.headers["x-total-rows"])
         response = self._send("POST", path, body=payload, arrow=True)
         return _arrow_body(response, selection.dataset_id), int(response.headers["x-total-rows"])
 
@@ -347,19 +351,25 @@ class Client:
             self.local_rows = None
             return None
 
-    def _resolved(self, tables: list[pa.Table], references: dict[str, str]) -> list[pa.Table] | None:
-        """The answers to takes that asked for `references`, with what they reference read from `cache_dir`; None
-        (the miss noted) when some referenced file cannot be read here: the takes are asked for again, by value."""
-        resolved = []
+    def _resolved(
+        self, tables: list[pa.Table], references: dict[str, str]
+    ) -> list[tuple[pa.Table, dict[str, np.ndarray]]] | None:
+        """The answers to takes that asked for `references`, with what they reference read from `cache_dir` (and
+        the columns of rows gathered here as arrays, see `ArrowBody.arrays`); None (the miss noted) when some
+        referenced file cannot be read here: the takes are asked for again, by value."""
+        resolved: list[tuple[pa.Table, dict[str, np.ndarray]]] = []
         for table in tables:
             local: LocalRows | LocalFrames | None = self.local_rows
             if not LocalRows.referenced(table):  # rows by value, camera frames perhaps by reference
                 local = self.local_frames if "frames" in references else None
             if local is None:
-                resolved.append(table)
+                resolved.append((table, {}))
                 continue
             try:
-                resolved.append(local.resolve(table))
+                if isinstance(local, LocalRows):
+                    resolved.append(local.resolve_columns(table))
+                else:
+                    resolved.append((local.resolve(table), {}))
             except SegmentUnavailable as exc:
                 local.missed(exc)
                 return None

@@ -10,7 +10,7 @@ index like the numeric ones and turn into lists at the end. Images are decoded w
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ def table_columns(
     empty: Allocate = np.empty,
     order: np.ndarray | None = None,
     frames: Frames | None = None,
+    arrays: Mapping[str, np.ndarray] | None = None,
 ) -> Columns:
     """Each column of `table` as one array whose first axis is the row (object arrays for Python values).
 
@@ -57,7 +58,8 @@ def table_columns(
     allocates (where the output wants it: shared memory in a DataLoader worker). With `order` (a permutation of
     the rows), rows come in that order; camera frames are put in it by the same copy that makes them
     channels-first. `frames`, if given, makes a camera column from its record batches' channels-last views
-    instead (an output that converts the frames anyway, with no `order`).
+    instead (an output that converts the frames anyway, with no `order`). `arrays` holds columns already converted
+    (as this function would, in the same memory: `ArrowBody.arrays`), which are taken as they are.
     """
     owner = _Owner(buffers) if buffers else None
     columns: Columns = {}
@@ -68,7 +70,9 @@ def table_columns(
             parts = [_frames_view(c, owner) for c in column.chunks if len(c)] or [nothing]
             columns[name] = _frames_channels_first(parts, empty, order) if frames is None else frames(parts)
             continue
-        values = _chunked(column, owner, decode_images, defer_blobs)
+        values = arrays.get(name) if arrays else None
+        if values is None:
+            values = _chunked(column, owner, decode_images, defer_blobs)
         columns[name] = values if order is None else values[order]
     return columns
 

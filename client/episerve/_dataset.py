@@ -121,5 +121,6 @@ class EpisodeDataset(_Base):  # type: ignore[misc]
             decode_images=self.decode_images,
             empty=self.output.empty,
             frames=self.output.frames,
+            arrays=pages.arrays,
         )
         return Batch(self.output.format(columns), len(positions))

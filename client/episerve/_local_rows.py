@@ -43,6 +43,12 @@ class LocalRows(LocalReferences["_RowSegment"]):
     def resolve(self, table: pa.Table) -> pa.Table:
         """The rows `table` references (an answer by reference), gathered from the segment files in its order
         (`SegmentUnavailable` if some referenced file cannot be read here)."""
+        return self.resolve_columns(table)[0]
+
+    def resolve_columns(self, table: pa.Table) -> tuple[pa.Table, dict[str, np.ndarray]]:
+        """`resolve(table)`, and the columns of numbers and of (nested) fixed-size lists of them as the arrays they
+        were gathered into, shaped `(rows, *list sizes)` as `episerve._columns.table_columns` makes them from the
+        table (the same memory): a batch's columns are then not converted back from Arrow."""
         self.files.drop_unlinked()
         described = json.loads(table.schema.metadata[METADATA_KEY])
         columns = [str(name) for name in described["columns"]]
@@ -156,11 +162,15 @@ def _fixed_column(data: pa.Buffer, arrays: list[pa.Array]) -> _FixedColumn | Non
     return _FixedColumn(values, np.array(starts, dtype=np.int64), width)
 
 
-def _gather(segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarray) -> pa.Table:
-    """Row `row_of[i]` of `segments[segment_of[i]]` for each `i`, in that order, as one table."""
+def _gather(
+    segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarray
+) -> tuple[pa.Table, dict[str, np.ndarray]]:
+    """Row `row_of[i]` of `segments[segment_of[i]]` for each `i`, in that order, as one table, and its columns of
+    fixed-width values as the arrays the table's columns lie in, shaped `(rows, *list sizes)`."""
     schema = segments[0].schema
+    arrays: dict[str, np.ndarray] = {}
     if len(row_of) == 0:
-        return schema.empty_table()
+        return schema.empty_table(), arrays
     if len(segments) == 1:  # most takes: no row to sort by segment
         rows_of_segment: list[Any] = [slice(None)]
         batch_of, within = _located(segments[0], row_of)
@@ -183,6 +193,7 @@ def _gather(segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarr
             for column, here in zip(fixed, rows_of_segment, strict=True):
                 values[here] = column.rows(batch_of[here], within[here])  # type: ignore[union-attr]
         columns[number] = _as_arrow(values, field)
+        arrays[field.name] = values.reshape(len(row_of), *_list_sizes(field.type))
     if others:
         batches = [segment.others(tuple(others)) for segment in segments]
         if segments[0].wide and len(row_of) <= _ROW_SLICE_MAX:
@@ -191,7 +202,18 @@ def _gather(segments: list[_Selection], segment_of: np.ndarray, row_of: np.ndarr
             taken = _taken(batches, segment_of, batch_of, within)
         for position, number in enumerate(others):
             columns[number] = taken.column(position)
-    return pa.Table.from_arrays(columns, schema=schema)
+    if len(set(schema.names)) < len(schema):  # a name twice: left to the table
+        arrays = {}
+    return pa.Table.from_arrays(columns, schema=schema), arrays
+
+
+def _list_sizes(kind: pa.DataType) -> tuple[int, ...]:
+    """The sizes of (nested) fixed-size lists, outermost first; `()` for a plain type."""
+    sizes = []
+    while pa.types.is_fixed_size_list(kind):
+        sizes.append(kind.list_size)
+        kind = kind.value_type
+    return tuple(sizes)
 
 
 def _located(segment: _Selection, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from episerve._episodes import Episodes, episode_spec
@@ -81,10 +82,14 @@ class Selection:
 
 @dataclass(frozen=True)
 class ArrowBody:
-    """One decoded Arrow response and the buffer its columns point into (writable when the client owns it)."""
+    """One decoded Arrow response and the buffer its columns point into (writable when the client owns it).
+
+    `arrays`: columns of the table already as the arrays `episerve._columns.table_columns` would make of them,
+    lying in the same memory (rows read by reference are gathered into arrays first)."""
 
     table: pa.Table
     buffer: pa.Buffer
+    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,11 @@ class Pages:
     def table(self) -> pa.Table:
         tables = [body.table for body in self.bodies]
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    @property
+    def arrays(self) -> Mapping[str, np.ndarray]:
+        """The columns of `table` already converted (see `ArrowBody.arrays`; none when there are several pages)."""
+        return self.bodies[0].arrays if len(self.bodies) == 1 else {}
 
     @property
     def buffers(self) -> list[pa.Buffer]:

@@ -19,6 +19,8 @@ import math
 import sys
 from typing import Any
 
+import numpy as np
+
 from episerve import _shared_blocks as shared_blocks
 
 _ALIGN = 64
@@ -29,7 +31,8 @@ class TensorBatch(dict):
     """A batch dict (column name -> tensor or list) that pickles all its CPU tensors as one block.
 
     It is an ordinary `dict` in every other way, and unpickles as one: the tensors come back as views of one
-    block (disjoint, writable), so `torch.save` of one column would also save its neighbours' bytes.
+    block (disjoint, writable); of a block in shared memory, `torch.save` of one column would also save its
+    neighbours' bytes.
     """
 
     def __copy__(self) -> TensorBatch:
@@ -55,7 +58,7 @@ class TensorBatch(dict):
             packed = {
                 k: v
                 for k, v in self.items()
-                if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.is_shared()
+                if isinstance(v, torch.Tensor) and v.is_cpu and not v.untyped_storage().is_shared()
             }
         if not packed or any(t.requires_grad for t in packed.values()):
             return (dict, (dict(self),))
@@ -65,7 +68,7 @@ class TensorBatch(dict):
         others = {k: v for k, v in self.items() if k not in packed}
         if 0 < size <= INLINE_BLOCK_BYTES:
             data = bytearray(size)
-            _fill(torch.frombuffer(data, dtype=torch.uint8), layout, packed)
+            _fill_bytes(torch, data, layout, packed)
             return (_unpack_bytes, (data, layout, others, list(self)))
         block = _shared_block(torch, size)
         _fill(block, layout, packed)
@@ -86,6 +89,48 @@ def _layout(tensors: dict[str, Any]) -> tuple[Layout, int]:
 def _fill(block: Any, layout: Layout, tensors: dict[str, Any]) -> None:
     for (_, dtype, shape, offset), tensor in zip(layout, tensors.values(), strict=True):
         _view(block, dtype, shape, offset).copy_(tensor)
+
+
+def _fill_bytes(torch: Any, data: bytearray, layout: Layout, tensors: dict[str, Any]) -> None:
+    """`_fill` into the bytes of an inline block, through numpy where the dtype allows (a numpy view and copy cost
+    about a fifth of torch's slicing and viewing, per tensor)."""
+    block = None
+    for (_, dtype, shape, offset), tensor in zip(layout, tensors.values(), strict=True):
+        target = _numpy_view(data, dtype, shape, offset)
+        if target is not None:
+            try:
+                target[...] = tensor.numpy()
+                continue
+            except (RuntimeError, TypeError):  # a tensor numpy cannot see (conjugate or negative bit set)
+                pass
+        if block is None:
+            block = torch.frombuffer(data, dtype=torch.uint8)
+        _view(block, dtype, shape, offset).copy_(tensor)
+
+
+_NUMPY_DTYPES: dict[Any, np.dtype] = {}
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype | None:
+    """The numpy dtype of torch `dtype`, None for those numpy has not (bfloat16, quantized...)."""
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None and dtype not in _NUMPY_DTYPES:
+        torch = sys.modules["torch"]
+        try:
+            found = torch.empty(0, dtype=dtype).numpy().dtype
+        except (RuntimeError, TypeError):
+            found = None
+        _NUMPY_DTYPES[dtype] = found
+    return found
+
+
+def _numpy_view(data: bytearray, dtype: Any, shape: tuple[int, ...], offset: int) -> np.ndarray | None:
+    """A writable numpy view of the bytes of a tensor of `dtype` and `shape` at `offset` in `data` (None where
+    numpy has no such dtype)."""
+    numpy_dtype = _numpy_dtype(dtype)
+    if numpy_dtype is None:
+        return None
+    return np.frombuffer(data, numpy_dtype, count=math.prod(shape), offset=offset).reshape(shape)
 
 
 def shared_empty(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -129,7 +174,19 @@ def _watched(rebuild: Any, args: tuple[Any, ...], pooled: list[Any]) -> dict[str
 def _unpack_bytes(data: bytearray, layout: Layout, others: dict[str, Any], order: list[str]) -> dict[str, Any]:
     import torch
 
-    return _unpack(torch.frombuffer(data, dtype=torch.uint8), layout, others, order)
+    storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+    tensors = {name: _on_storage(torch, storage, dtype, shape, offset) for name, dtype, shape, offset in layout}
+    return {name: tensors[name] if name in tensors else others[name] for name in order}
+
+
+def _on_storage(torch: Any, storage: Any, dtype: Any, shape: tuple[int, ...], offset: int) -> Any:
+    """The tensor of `dtype` and `shape` at byte `offset` of `storage` (a multiple of the dtype's size): `_view`'s
+    tensor, made by one `set_` instead of torch's slicing and two views (about half the time)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return torch.empty(0, dtype=dtype).set_(storage, offset // dtype.itemsize, shape, tuple(reversed(strides)))
 
 
 def _unpack(block: Any, layout: Layout, others: dict[str, Any], order: list[str]) -> dict[str, Any]:
