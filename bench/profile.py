@@ -2,11 +2,14 @@
 
     python -m bench.profile take [--dataset vector] [--seconds 15] [--workers 2] [--quick] [--out DIR]
     python -m bench.profile camera [--dataset camera480] [--policy on-demand] [--native] [--quick]
+    python -m bench.profile camera --dataset photo480 --tier jpeg [--frames encoded] [--native]
 
 Workloads: `rows` (P1: contiguous ranges through `episerve.Client`), `take` (P2: random 256-row takes, one
 client), `loader` (P3: `EpisodeDataset` in a 2-worker DataLoader), `windows` (P7: windowed takes), `camera`
 (P9: `EpisodeDataset` of the camera and `index`, batch 64, in a 2-worker DataLoader, against a server whose
-`EPISERVE_VIDEO_CACHE_POLICY` is `--policy`; first-touch after `warm --videos`). py-spy
+`EPISERVE_VIDEO_CACHE_POLICY` is `--policy`; first-touch after `warm --videos`; with `--tier`, P16's setting: the
+frame tier `--tier` built by `warm --videos` once into the work dir and reused, and `--frames encoded` for
+`Client(frames="encoded")`). py-spy
 samples the server's processes and, separately, the client process (and its DataLoader workers), writing
 collapsed stacks (`*.txt`, for flamegraph tools or speedscope) plus a summary of the heaviest frames, by
 inclusive and by self time, to stdout.
@@ -37,11 +40,13 @@ BATCH = 256
 IDLE_FRAMES = ("select (", "epoll_wait", "_worker (concurrent", "wait (threading", "poll (", "recv_into (")
 
 
-def _workload(kind: str, url: str, dataset: str, rows: int, stop: threading.Event) -> Callable[[], int]:
+def _workload(
+    kind: str, url: str, dataset: str, rows: int, stop: threading.Event, frames: str = "pixels"
+) -> Callable[[], int]:
     import episerve
     from bench.camera_datasets import CAMERA
 
-    client = episerve.Client(url)
+    client = episerve.Client(url, frames=frames)
     rng = np.random.default_rng(0)
 
     def rows_loop() -> int:
@@ -62,7 +67,7 @@ def _workload(kind: str, url: str, dataset: str, rows: int, stop: threading.Even
         from torch.utils.data import DataLoader
 
         loader = DataLoader(
-            episerve.EpisodeDataset(url, dataset, columns=columns),
+            episerve.EpisodeDataset(client, dataset, columns=columns),
             batch_size=batch,
             shuffle=True,
             num_workers=2,
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workload", choices=["rows", "take", "loader", "windows", "camera"])
     parser.add_argument(
         "--dataset",
-        choices=["vector", "image", "camera480", "camera224"],
+        choices=["vector", "image", "camera480", "camera224", "photo480", "photo224"],
         help="default: vector, or camera480 for the camera workload",
     )
     parser.add_argument(
@@ -140,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=["on-demand", "first-touch"],
         default="on-demand",
         help="camera workload: the server's EPISERVE_VIDEO_CACHE_POLICY",
+    )
+    parser.add_argument("--tier", help="camera workload: the server's EPISERVE_VIDEO_FRAME_TIER, its cache warmed")
+    parser.add_argument(
+        "--frames", choices=["pixels", "encoded"], default="pixels", help="camera workload: the client's"
     )
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--workers", type=int, default=2)
@@ -151,19 +160,22 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     camera = args.workload == "camera"
     args.dataset = args.dataset or ("camera480" if camera else "vector")
-    if camera != args.dataset.startswith("camera"):
+    if camera != args.dataset.startswith(("camera", "photo")):
         parser.error(f"the {args.workload} workload does not read the {args.dataset} dataset")
     ctx = prepare(mode, args.workdir.resolve() / mode, tabular=not camera)
     args.out.mkdir(parents=True, exist_ok=True)
     root, cache, settings = ctx.data_root, ctx.cache_dir, None
-    if camera:
+    if camera and args.tier:
+        root, cache, rows = _tier_server(ctx, args.dataset, args.tier)
+        settings = {"EPISERVE_VIDEO_FRAME_TIER": args.tier}
+    elif camera:
         root, cache, rows = _camera_server(ctx, args.dataset, args.policy)
         settings = {"EPISERVE_VIDEO_CACHE_POLICY": args.policy}
     else:
         rows = ctx.datasets[args.dataset].rows
     with EpiserveServer(root, cache, ctx.logs, workers=args.workers, settings=settings) as server:
         stop = threading.Event()
-        work = _workload(args.workload, server.url, args.dataset, rows, stop)
+        work = _workload(args.workload, server.url, args.dataset, rows, stop, args.frames)
         result: dict[str, int] = {}
         runner = threading.Thread(target=lambda: result.setdefault("rows", work()))
         runner.start()
@@ -184,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summarise(server_out))
     if client_out.exists():
         print(summarise(client_out, exclude_pids=server_pids))
-    if camera:
+    if camera and not args.tier:
         ctx.drop_scratch("profile-camera")
     return 0
 
@@ -200,6 +212,20 @@ def _camera_server(ctx: Context, name: str, policy: str) -> tuple[Path, Path, in
     cache = ctx.scratch("profile-camera")
     if policy == "first-touch":
         warm_seconds(ctx, dataset, cache)
+    return dataset.root, cache, dataset.rows
+
+
+def _tier_server(ctx: Context, name: str, tier: str) -> tuple[Path, Path, int]:
+    """(root, cache dir, rows) for a server of P16's dataset `name` on frame tier `tier`, its cache built by
+    `warm --videos` once into the work dir (where `python -m bench.frame_cpu` keeps it too) and reused."""
+    from bench.camera_datasets import ensure_camera_dataset
+    from bench.figures.p16_frame_tiers import warm_tier
+
+    size = next(c for c in ctx.scale.p9.datasets if c.name == name)
+    dataset = ensure_camera_dataset(ctx.workdir / "camera-data", size)
+    cache = ctx.workdir / "frame-tiers" / name / tier.replace(":", "-")
+    if not cache.is_dir():
+        warm_tier(dataset, cache, tier, ctx.logs / "profile-warm.log")
     return dataset.root, cache, dataset.rows
 
 

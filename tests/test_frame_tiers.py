@@ -62,6 +62,11 @@ def sampled_psnr(root: Path, key: str) -> float:
     return psnr(jpeg_round_trip(reference), reference)
 
 
+def frame_bytes(table: pa.Table) -> int:
+    """Bytes of one frame of the top camera in `table`."""
+    return int(np.prod(table.schema.field(TOP_CAMERA).type.shape))
+
+
 def frame_segment_bytes(cache: Path) -> dict[str, int]:
     """Video file -> bytes of its published frame segment."""
     return {
@@ -106,6 +111,16 @@ def test_the_jpeg_tier_serves_the_same_round_tripped_frames_cold_and_from_its_se
         warm = read_stream(http.post("/datasets/cams-v3/rows/take", json=TAKE).content)
         for key in (TOP_CAMERA, WRIST_CAMERA):
             assert np.array_equal(pixels(warm, key), pixels(cold, key))
+        # A take of more frames than a piece holds is decoded piece by piece, so chunked: with the length a client
+        # sizes its buffer by, a little over.
+        repeats = 8 * 2**20 // (len(TAKE["indices"]) * frame_bytes(warm)) + 1
+        many = TAKE | {"indices": TAKE["indices"] * repeats, "columns": [TOP_CAMERA]}
+        answer = http.post("/datasets/cams-v3/rows/take", json=many)
+        assert answer.headers["transfer-encoding"] == "chunked"
+        expected = int(answer.headers["x-expected-length"])
+        assert len(answer.content) <= expected <= 1.1 * len(answer.content) + 64 * 1024
+        first = pixels(read_stream(answer.content), TOP_CAMERA)[: len(TAKE["indices"])]
+        assert np.array_equal(first, pixels(warm, TOP_CAMERA))
         # A slice reads them too, in view order.
         params = {"episodes": "7", "columns": ",".join([*ROWS, TOP_CAMERA]), "stop": "10"}
         sliced = read_stream(http.get("/datasets/cams-v3/rows", params=params).content)

@@ -172,6 +172,8 @@ class ArrowPiecesResponse(_HeldResponse):
     ) -> None:
         super().__init__(headers=headers)
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        if codec is None:
+            self.raw_headers.append((EXPECTED_LENGTH, str(expected_length(first, rest)).encode()))
         self.first, self.rest, self.codec = first, rest, codec
         self.hold = _held(hold, first.held_bytes(codec))
 
@@ -237,6 +239,20 @@ class ArrowPiecesResponse(_HeldResponse):
             self.hold.set(SEND_BYTES)
             await self.hold.grow_to(SEND_BYTES + int(rest.next_rows() * rest.row_bytes))
         return await _in_pool(scope, rest.next_piece)
+
+
+# A chunked answer's length, estimated a little over (a client reads the body into one buffer of that size instead of
+# growing one as chunks arrive, each growth a copy of what came before and fresh memory to fault in).
+EXPECTED_LENGTH = b"x-expected-length"
+
+
+def expected_length(first: Piece, rest: RowPieces | None) -> int:
+    """About how many bytes the uncompressed stream of `first` and the pieces of `rest` takes, rounded up: their
+    buffers (the rest's at the bytes per row read so far), 1/64 over, plus room for each piece's message."""
+    later = int(rest.remaining * rest.row_bytes) if rest is not None else 0
+    pieces = 1 + -(-later // PIECE_BYTES)
+    body = first.nbytes + later
+    return body + body // 64 + (pieces + 2) * 4096
 
 
 async def _in_pool(scope: Scope, read: Callable[[], Piece]) -> Piece:

@@ -14,19 +14,24 @@ response holds what it has not sent yet. Once the transport's buffer is full, uv
 (`pause_writing`); if it is not resumed within `send_timeout_s`, the connection is aborted, which frees both. A
 client reading slowly but steadily resumes it each time and is never cut off.
 
-A response's head and a small body go out in one system call (`app.api.coalesced_writes`).
+A response's head and a small body go out in one system call (`app.api.coalesced_writes`), and a large chunk of a
+chunked body goes out beside its framing, not copied into one string with it (`_chunks_framed_in_place`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.api.coalesced_writes import CoalescedWrites
+
+if TYPE_CHECKING:
+    from starlette.types import Message  # the web framework: not for the supervisor, which only names this module
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_size > self.limits.max_bytes:  # a head that arrived whole, in one read
             self._head_too_large = True
             raise _HeadTooLarge  # stops the parser; uvicorn answers through send_400_response
+        before = self.cycle
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle is not before:
+            self.cycle.send = _chunks_framed_in_place(self.cycle)  # type: ignore[method-assign]
 
     def send_400_response(self, msg: str) -> None:
         if self._head_too_large:
@@ -179,6 +187,37 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(_problem_response(status, detail))
         self.transport.close()
+
+
+def _chunks_framed_in_place(cycle: RequestResponseCycle) -> Callable[[Message], Awaitable[None]]:
+    """`cycle.send`, except that a large chunk of a chunked body goes to the transport beside its framing
+    (`writelines`) instead of joined with it into a new bytes object, as uvicorn does: a copy of every byte of
+    the body, into fresh memory. Everything else (the head, small or last chunks, lengths known, HEAD) is
+    uvicorn's own send."""
+    send = cycle.send
+
+    async def framed(message: Message) -> None:
+        body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+        if (
+            len(body) < FRAMED_IN_PLACE_BYTES
+            or not message.get("more_body", False)
+            or not cycle.chunked_encoding
+            or not cycle.response_started
+            or cycle.response_complete
+            or cycle.scope["method"] == "HEAD"
+        ):
+            await send(message)
+            return
+        if cycle.flow.write_paused and not cycle.disconnected:  # as uvicorn's send waits
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return
+        cycle.transport.writelines([b"%x\r\n" % len(body), body, b"\r\n"])
+
+    return framed
+
+
+FRAMED_IN_PLACE_BYTES = 64 * 1024
 
 
 def _client(client: tuple[str, int] | None) -> str:

@@ -37,6 +37,10 @@ _COUNT_HEADERS = {
     "X-Row-Count": _header("Rows in this response."),
     "X-Total-Rows": _header("Rows in the whole view of the picked episodes (N)."),
     "X-Arrow-Compression": _header("The body's codec, when compression was asked.", "string", required=False),
+    "X-Expected-Length": _header(
+        "A chunked, uncompressed answer's length, estimated a little over (to size a receive buffer by).",
+        required=False,
+    ),
 }
 _SLICE_HEADERS = {
     "X-Start": _header("First view row served."),

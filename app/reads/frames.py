@@ -5,6 +5,8 @@ an Arrow fixed-shape tensor column (uint8, (height, width, channels))."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -207,6 +209,43 @@ def tensor_column(frames: np.ndarray, feature: VideoFeature) -> pa.ExtensionArra
     values = pa.Array.from_buffers(pa.uint8(), frames.size, [None, pa.py_buffer(frames)])
     storage = pa.Array.from_buffers(kind.storage_type, len(frames), [None], children=[values])
     return pa.ExtensionArray.from_storage(kind, storage)
+
+
+class ReusedBlocks:
+    """uint8 arrays of at most `most_bytes`, handed out again once nothing but this holds them (CPython's reference
+    count says so; an answer's frames are held until its piece is sent): at most `kept` blocks, the largest free
+    one evicted when a request finds none free. Frames decoded into fresh memory cost a page fault per 4 KiB on
+    top of the decode (a tenth of a 224x224 JPEG tier's read); larger arrays are fresh each time."""
+
+    def __init__(self, kept: int, most_bytes: int) -> None:
+        self._kept, self._most_bytes = kept, most_bytes
+        self._blocks: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        """An uninitialised uint8 array of `shape`: a view of a free block large enough, else a new one."""
+        size = int(np.prod(shape))
+        if size == 0 or size > self._most_bytes:
+            return np.empty(shape, dtype=np.uint8)
+        with self._lock:
+            free = [n for n in range(len(self._blocks)) if sys.getrefcount(self._blocks[n]) <= _FREE_REFERENCES]
+            fitting = [n for n in free if self._blocks[n].size >= size]
+            if fitting:
+                return self._blocks[min(fitting, key=lambda n: self._blocks[n].size)][:size].reshape(shape)
+            if len(self._blocks) >= self._kept:
+                if not free:
+                    return np.empty(shape, dtype=np.uint8)
+                del self._blocks[max(free, key=lambda n: self._blocks[n].size)]
+            block = np.empty(size, dtype=np.uint8)
+            self._blocks.append(block)
+            return block.reshape(shape)
+
+
+# References to a free block while `sys.getrefcount(self._blocks[n])` looks at it: the list's and the argument.
+_FREE_REFERENCES = 2
+# The frames of this process's reads: a piece of an answer (about 4 MiB) each, for the reads of its thread pool and
+# the pieces read ahead or waiting to be sent.
+FRAME_BLOCKS = ReusedBlocks(kept=6, most_bytes=8 * 1024 * 1024)
 
 
 def empty_frames(kind: pa.ExtensionType) -> pa.ExtensionArray:

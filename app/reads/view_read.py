@@ -20,6 +20,7 @@ from app.errors import InvalidInput, WouldBlock
 from app.reads.arrow_ipc import OWN_CHUNK_BYTES
 from app.reads.frame_references import reference_column
 from app.reads.frames import (
+    FRAME_BLOCKS,
     TIMESTAMP,
     LocatedRows,
     camera_windows,
@@ -362,7 +363,7 @@ class ViewRead:
         the map) or converted from the decoder straight into the result."""
         order = located.order
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
-        frames = np.empty((len(order), feature.height, feature.width, feature.channels), dtype=np.uint8)
+        frames = FRAME_BLOCKS.empty((len(order), feature.height, feature.width, feature.channels))
         deferred = self.pending if defer and len(order) and frames[0].nbytes >= OWN_CHUNK_BYTES else None
         found = np.empty(len(located.episodes))
         file_of_position = times_of.file_of_row[order]

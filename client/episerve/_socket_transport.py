@@ -18,6 +18,7 @@ client makes are idempotent reads.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
@@ -160,7 +161,7 @@ class Connection:
         if codings is not None:  # the client sends no `TE`: chunked is the one transfer coding a server may use
             if [coding.strip().lower() for coding in codings.split(",")] != ["chunked"]:
                 raise ProtocolError(f"unsupported transfer-coding {codings!r} (only chunked is accepted)")
-            return self._receive_chunked(received)
+            return self._receive_chunked(received, _expected_length(head.headers.get("x-expected-length")))
         length = head.headers.get("content-length")
         if length is not None:  # into a buffer of the client's own, even when it all arrived
             return self._receive_exactly(_content_length(length), received)
@@ -201,11 +202,16 @@ class Connection:
             self._fill(target, len(received), "body bytes")
         return buffer
 
-    def _receive_chunked(self, received: bytes) -> pa.Buffer:
+    def _receive_chunked(self, received: bytes, expected: int = 0) -> pa.Buffer:
         """A chunked body, de-chunked: each chunk's data is received in place into one growing buffer, its framing
-        (size lines, the CRLF after each chunk, trailers) read through a small byte string beside it."""
+        (size lines, the CRLF after each chunk, trailers) read through a small byte string beside it. `expected`:
+        the length the server expects (`X-Expected-Length`), which the buffer is sized to at once (memory is
+        reserved, not touched), so a body no longer than that is never copied into a larger buffer."""
         framing = _ChunkFraming(self, received)
         buffer = pa.allocate_buffer(0, resizable=True)
+        if expected:
+            with contextlib.suppress(MemoryError, pa.ArrowException):  # else grown as chunks arrive
+                buffer.resize(expected, shrink_to_fit=False)
         filled = 0
         while size := framing.next_chunk_size():
             if filled + size > buffer.size:
@@ -292,6 +298,17 @@ def _unallocatable(size: int, exc: Exception) -> ProtocolError:
     """A body size the server announced (a broken or hostile `Content-Length` or chunk size) that this process
     cannot allocate: an answer the client cannot take, so a `TransportError` like any other, not a `MemoryError`."""
     return ProtocolError(f"the server announced a body of {size} bytes, which cannot be allocated: {exc}")
+
+
+def _expected_length(text: str | None) -> int:
+    """`X-Expected-Length` as a buffer size: 0 when absent or invalid, at most `_MAX_EXPECTED_BYTES` (a hint, never
+    trusted beyond that)."""
+    if text is None or not text.strip().isdigit():
+        return 0
+    return min(int(text), _MAX_EXPECTED_BYTES)
+
+
+_MAX_EXPECTED_BYTES = 1 << 32
 
 
 def _content_length(text: str) -> int:

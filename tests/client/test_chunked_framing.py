@@ -114,6 +114,16 @@ def test_chunks_larger_than_the_first_buffer_arrive_whole(serve: Callable[..., S
     assert transport.handle_request(REQUEST).body.to_pybytes() == body
 
 
+@pytest.mark.parametrize("expected", [b"0", b"5000", b"3145728", b"7340035", b"9000000", b"99999999999999", b"x"])
+def test_an_expected_length_sizes_the_buffer_and_never_changes_the_body(
+    serve: Callable[..., SocketTransport], expected: bytes
+) -> None:
+    body = _payload(7 * 2**20 + 3, 3)
+    answer = _head(b"X-Expected-Length: " + expected + b"\r\n") + _chunked(body, [3 * 2**20, 1, 4 * 2**20 + 2])
+    transport = serve(_split(answer, [100, 2**20, 5 * 2**20]))
+    assert transport.handle_request(REQUEST).body.to_pybytes() == body
+
+
 def test_an_empty_chunked_body_is_empty(serve: Callable[..., SocketTransport]) -> None:
     transport = serve([_head() + b"0\r\n\r\n"])
     assert transport.handle_request(REQUEST).body.size == 0
