@@ -57,7 +57,7 @@ serve: $(SERVE_STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n 4 -q --durations=40
+	$(BIN)/python -m pytest -n 2 -q --durations=40
 
 # The documentation site (mkdocs.yml, docs/) into site/, strictly: a broken link or anchor, or a page left out of the
 # nav, fails the build.
