@@ -69,6 +69,7 @@ def test_a_take_right_after_the_only_worker_dies_is_answered_within_2_s_and_sigt
     with ServerProcess([root], tmp_path / "cache", workers=1) as server:
         with episerve.Client(server.url) as client:
             client.take("demo", indices)  # every segment it needs built and mapped
+            eventually(lambda: _open_segments(server) > 0)  # a cold take maps its segments once they are built
             mapped = _open_segments(server)
             (first,) = server.worker_pids()
             killed = time.monotonic()
