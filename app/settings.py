@@ -128,6 +128,14 @@ class Settings(BaseSettings):
         description="Takes of at most this many bytes, and plain GET /rows slices, from already-mapped segments are "
         "answered on the event loop, without the framework and thread-pool hand-off (0: never).",
     )
+    row_layout_s: float = Field(
+        1.0,
+        ge=0,
+        le=3600,
+        description="How long a client on the server's machine (`cache_dir=`) takes rows from the segment files by "
+        "a view's layout before asking for it again: how stale its rows may be after a source file changes (0: it "
+        "asks the server at every take).",
+    )
     rescan_interval_s: float = Field(
         5.0,
         ge=0,

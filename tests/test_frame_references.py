@@ -93,6 +93,22 @@ def test_an_unknown_frames_mode_is_422(http: httpx.Client) -> None:
     assert_problem(response, 422, "frames", "'pixels', 'encoded' or 'references'")
 
 
+@pytest.mark.parametrize("columns", [None, ["frame_index", TOP_CAMERA]], ids=["every column", "a camera named"])
+def test_a_row_layout_of_camera_columns_is_422(http: httpx.Client, columns: list[str] | None) -> None:
+    response = http.post("/datasets/cams-v3/rows/layout", json={"columns": columns})
+    assert_problem(response, 422, "stored columns only", TOP_CAMERA if columns else "is a camera")
+
+
+def test_a_client_reads_rows_by_layout_and_frames_by_reference_side_by_side(
+    video_root: Path, warmed: ServerProcess
+) -> None:
+    local = episerve.Client(warmed.url, cache_dir=warmed.cache_dir)
+    remote = episerve.Client(warmed.url)
+    indices = [5, 0, 17, 5]
+    for columns in (["episode_index", "frame_index"], COLUMNS, ["frame_index"]):
+        assert local.take("cams-v3", indices, [3, 1], columns).equals(remote.take("cams-v3", indices, [3, 1], columns))
+
+
 @pytest.mark.parametrize("name", ["cams-v3", "cams-v21"])
 def test_a_client_with_the_cache_dir_reads_the_frames_from_it_equal_to_http(
     warmed: ServerProcess, http: httpx.Client, name: str

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from episerve._cache_files import SegmentUnavailable
 from episerve._local_rows import METADATA_KEY, LocalRows
 from tests.support import ServerProcess, eventually, oracle, read_stream
 from tests.test_errors import assert_problem
+from tests.test_operations import metric
 
 # Segments of many small record batches, so a take gathers from several batches of several files.
 SMALL_BATCHES = {"EPISERVE_BUILD_BATCH_BYTES": "65536"}
@@ -65,6 +67,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("row-references")
     write_dataset(root / "rows")
     write_dataset(root / "changing")  # rewritten by a test
+    write_dataset(root / "cold", seed=2)  # built by a test
     return root
 
 
@@ -221,10 +224,120 @@ def test_a_segment_rebuilt_after_its_source_changed_is_never_read_stale(
     write_dataset(root / "changing", seed=1)  # every file rewritten: the same rows, other values
     changed = oracle(root / "changing", None).take(pa.array(indices)).select(columns)
     assert not changed.equals(before)
-    assert local.take("changing", indices, columns=columns).equals(changed)  # by value while segments rebuild
+    # Within its layout's second the client may still read the rows as they were, but whole, never a mix; then,
+    # by value while the segments rebuild, as they are.
+    first = local.take("changing", indices, columns=columns)
+    assert first.equals(before) or first.equals(changed)
+    eventually(lambda: local.take("changing", indices, columns=columns).equals(changed), seconds=10)
     warmed(remote, "changing")
     with pytest.raises(SegmentUnavailable, match="is not the file the server has mapped"):
         LocalRows(server.cache_dir).resolve(old_answer)  # the files it names were replaced: never read
     pages = local.read_take(episerve.Selection.of("changing", None, columns), indices)
     assert pages.table.equals(changed)
     assert sum(b.size for b in pages.buffers) < 2048  # by reference again, to the rebuilt files
+
+
+def _layout_rows(layout: dict, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source file, segment row) of view `positions` by a layout's runs, computed here."""
+    run = np.searchsorted(layout["offsets"], positions, side="right") - 1
+    files = np.asarray(layout["files"])[run]
+    return files, np.asarray(layout["starts"])[run] + positions - np.asarray(layout["offsets"])[run]
+
+
+def test_a_view_layout_places_every_row_of_the_view_in_a_segment(
+    root: Path, server: ServerProcess, http: httpx.Client
+) -> None:
+    view = oracle(root / "rows", [6, 1, 4])
+    response = http.post("/datasets/rows/rows/layout", json={"episodes": [6, 1, 4], "columns": ["note", "index"]})
+    assert response.status_code == 200, response.text
+    layout = response.json()
+    assert layout["rows"] == view.num_rows and layout["columns"] == ["note", "index"] and layout["seconds"] == 1.0
+    assert layout["offsets"][0] == 0 and layout["offsets"][-1] == view.num_rows
+    segments = {}
+    for entry in layout["segments"]:  # read independently of the client, by path under the cache
+        path = server.cache_dir / entry["path"]
+        stat = path.stat()
+        assert (stat.st_size, stat.st_ino, stat.st_mtime_ns) == (entry["bytes"], entry["inode"], entry["mtime_ns"])
+        segments[entry["file"]] = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        assert segments[entry["file"]].num_rows == entry["rows"]
+    assert sorted(segments) == sorted(set(layout["files"]))  # every file of the view is built (warmed)
+    files, rows = _layout_rows(layout, np.arange(view.num_rows))
+    got = pa.concat_tables(segments[f].slice(r, 1).select(["note", "index"]) for f, r in zip(files, rows, strict=True))
+    assert got.equals(view.select(["note", "index"]))
+
+
+@pytest.mark.parametrize(
+    ("body", "where", "detail"),
+    [
+        ({"columns": ["nope"]}, "columns", "nope"),
+        ({"indices": [0]}, "indices", "Extra inputs are not permitted"),
+        ({"episodes": "2-x"}, "episodes", "2-x"),
+    ],
+    ids=["an unknown column", "a field of takes", "a bad episode spec"],
+)
+def test_a_bad_layout_request_is_422(http: httpx.Client, body: dict, where: str, detail: str) -> None:
+    assert_problem(http.post("/datasets/rows/rows/layout", json=body), 422, where, detail)
+
+
+def test_the_layout_of_an_unknown_dataset_is_404(http: httpx.Client) -> None:
+    assert_problem(http.post("/datasets/nothing/rows/layout", json={}), 404, "nothing")
+
+
+def _takes_served(http: httpx.Client) -> tuple[float, float]:
+    """Takes and layouts the server has answered so far."""
+    text = http.get("/metrics").text
+    endpoint = "/datasets/{dataset_id:path}/rows/"
+    take, layout = (
+        metric(text, "episerve_requests_total", endpoint=endpoint + name, method="POST", status="200")
+        for name in ("take", "layout")
+    )
+    return take, layout
+
+
+def test_a_client_on_the_servers_machine_takes_rows_without_a_request_per_take(
+    root: Path, server: ServerProcess, http: httpx.Client
+) -> None:
+    local = episerve.Client(server.url, cache_dir=server.cache_dir)
+    selection = episerve.Selection.of("rows", [7, 0, 3, 5], ["state", "note", "blob"])
+    view = oracle(root / "rows", [7, 0, 3, 5]).select(["state", "note", "blob"])
+    takes_before, layouts_before = _takes_served(http)
+    started = time.monotonic()
+    for seed in range(30):
+        indices = _indices(view.num_rows, seed)
+        pages = local.read_take(selection, indices)
+        assert pages.table.equals(view.take(pa.array(indices)))
+        assert pages.total_rows == view.num_rows and sum(b.size for b in pages.buffers) == 0
+    takes_after, layouts_after = _takes_served(http)
+    assert takes_after == takes_before  # not one take asked
+    assert 1 <= layouts_after - layouts_before <= 2 + (time.monotonic() - started) / 1.0  # one a second
+
+
+def test_rows_of_a_file_with_no_segment_built_are_asked_until_it_is(
+    root: Path, server: ServerProcess, http: httpx.Client
+) -> None:
+    local = episerve.Client(server.url, cache_dir=server.cache_dir)
+    view = oracle(root / "cold", None).select(["index", "reading"])
+    indices = _indices(view.num_rows, 3)
+    assert http.post("/datasets/cold/rows/layout", json={}).json()["segments"] == []  # nothing built yet
+    assert local.take("cold", indices, columns=["index", "reading"]).equals(view.take(pa.array(indices)))
+    warmed(episerve.Client(server.url), "cold")
+    selection = episerve.Selection.of("cold", None, ["index", "reading"])
+
+    def taken_here() -> bool:
+        pages = local.read_take(selection, indices)
+        assert pages.table.equals(view.take(pa.array(indices)))
+        return sum(b.size for b in pages.buffers) == 0
+
+    eventually(taken_here, seconds=10)  # the layout asked again names the segments built since
+
+
+def test_layouts_can_be_turned_off(root: Path, tmp_path: Path) -> None:
+    with ServerProcess([root], tmp_path / "cache", env={"EPISERVE_ROW_LAYOUT_S": "0"}) as server:
+        warmed(episerve.Client(server.url), "rows")
+        local = episerve.Client(server.url, cache_dir=server.cache_dir)
+        view = oracle(root / "rows", None).select(["index"])
+        for seed in range(3):
+            indices = _indices(view.num_rows, seed)
+            pages = local.read_take(episerve.Selection.of("rows", None, ["index"]), indices)
+            assert pages.table.equals(view.take(pa.array(indices)))
+            assert 0 < sum(b.size for b in pages.buffers) < 16 * len(indices) + 2048  # asked, by reference

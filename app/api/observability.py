@@ -1,7 +1,8 @@
 """ASGI middleware: one access-log line and the request metrics per request, measured to the last byte.
 
-Successful row reads (`GET`/`POST /rows`, `/rows/take`: a training run's batches) are logged at DEBUG, so a busy
-trainer does not flood the log; every other request, and every failed one, at INFO (5xx at WARNING).
+Successful row reads (`GET`/`POST /rows`, `/rows/take`, `/takes`, `/rows/layout`: a training run's batches) are
+logged at DEBUG, so a busy trainer does not flood the log; every other request, and every failed one, at INFO (5xx
+at WARNING).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from app import metrics
 log = logging.getLogger("episerve.access")
 
 CUT_SHORT = "episerve.cut_short"  # scope key: the status of the problem that cut an answer short once it was under way
-ROW_READ_ROUTES = frozenset({"/datasets/{dataset_id:path}/rows", "/datasets/{dataset_id:path}/rows/take", "/takes"})
+ROW_READ_ROUTES = frozenset(
+    {
+        "/datasets/{dataset_id:path}/rows",
+        "/datasets/{dataset_id:path}/rows/take",
+        "/datasets/{dataset_id:path}/rows/layout",
+        "/takes",
+    }
+)
 
 
 class ObservabilityMiddleware:

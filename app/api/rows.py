@@ -1,5 +1,6 @@
 """Row endpoints: a contiguous slice of a view (`GET`/`POST /rows`), rows by view index (`POST /rows/take`) and
-takes of several datasets in one request (`POST /takes`).
+takes of several datasets in one request (`POST /takes`), and where a view's rows lie in the segment cache for a
+client on the server's machine (`POST /rows/layout`).
 
 Thin: each parses its request into the model of `app.reads.requests` and runs the read service, on the event loop
 when the read is quick, else in the thread pool (`app.api.row_route`); the answer goes out as an Arrow IPC stream
@@ -17,12 +18,12 @@ from fastapi import APIRouter, Request, Response
 from app.api.arrow_response import ArrowStreamsResponse
 from app.api.deps import catalog_of, run_read
 from app.api.json_body import json_body_schema, read_json_body
-from app.api.problems import problem_responses
+from app.api.problems import OrjsonResponse, problem_responses
 from app.api.row_route import RowRoute, answered, answered_at_once, takes_headers
 from app.reads.arrow_ipc import ARROW_STREAM_MEDIA_TYPE
 from app.reads.multi_takes import TakesRead, naming
-from app.reads.requests import SliceRequest, TakeRequest, TakesRequest, few_enough_takes
-from app.reads.service import SliceRead, TakeRead
+from app.reads.requests import RowLayoutRequest, SliceRequest, TakeRequest, TakesRequest, few_enough_takes
+from app.reads.service import SliceRead, TakeRead, answer_row_layout
 
 # Every row endpoint may answer these too: a missing or wrong token, invalid input, and a catalog still loading or a
 # dataset unreadable.
@@ -143,6 +144,32 @@ async def take_rows(request: Request, dataset_id: str) -> Response:
     dataset = catalog_of(request).get(dataset_id)
     body = await read_json_body(request, TakeRequest, dataset.limits.max_body_bytes)
     return await answered(request, TakeRead(dataset, body))
+
+
+_LAYOUT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Where the view's rows lie in the segment cache: `rows` (the view's length), `columns`, the "
+        "runs (`offsets`: the view row each starts at, then the length; `files`: each run's source file number; "
+        "`starts`: its first row in that file's segment) and `segments` (each built segment file of those source "
+        "files: `file`, `path` relative to the cache directory, `bytes`, `inode`, `mtime_ns`, `rows`)",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    },
+    **problem_responses(404),
+    **_BODY_PROBLEMS,
+}
+
+
+@router.post(
+    "/datasets/{dataset_id:path}/rows/layout",
+    summary="Where a view's rows lie in the segment cache, for a client on the server's machine",
+    response_class=OrjsonResponse,
+    responses=_LAYOUT_RESPONSES,
+    openapi_extra=json_body_schema(RowLayoutRequest),
+)
+async def row_layout(request: Request, dataset_id: str) -> Response:
+    dataset = catalog_of(request).get(dataset_id)
+    body = await read_json_body(request, RowLayoutRequest, dataset.limits.max_body_bytes)
+    return OrjsonResponse(await run_read(request, answer_row_layout, dataset, body))
 
 
 @router.post(

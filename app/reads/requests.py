@@ -95,6 +95,23 @@ class TakeRequest(RowSelection):
     )
 
 
+class RowLayoutRequest(BaseModel):
+    """The view whose layout in the segment cache is asked (`POST /rows/layout`), and the stored columns read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: EpisodeSelection = Field(
+        None, description="Episode spec ('0,3-5') or list of episode ids; absent means every episode."
+    )
+    columns: list[str] | None = Field(
+        None, description="Stored columns the rows are read from, in this order; absent means all (no camera)."
+    )
+
+    def selection(self) -> RowSelection:
+        """The same view and columns as a row request selects them."""
+        return RowSelection(episodes=self.episodes, columns=self.columns)
+
+
 MAX_TAKES = 1024
 
 

@@ -11,6 +11,13 @@ segment file), one row per index asked, in the order asked. The schema's metadat
 from, in the answer's order, and each segment file relative to the server's cache directory with the size, inode,
 modification time and row count of the file the server has mapped, so a client never reads a file rebuilt since.
 The rows gathered from those files in that order are the table the take answers with values, schema included.
+
+A view's layout (`POST /datasets/{id}/rows/layout`, `layout_document`) says the same for every row of a view at
+once, so a client can take rows with no request at all for a while: the view's runs (`offsets`: the view row where
+each run starts, then the view's length; `files`: the source file of each run; `starts`: the run's first row of
+that file's segment), the columns, and the built segment of each source file the view reads (`segments`, each
+entry as above plus the `file` it holds). A file with no segment built is not listed: its rows are taken with a
+request, which builds it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import pyarrow as pa
 from app.reads.frame_references import described_segment
 from app.reads.segment_memo import remembered
 from app.store.mapped_segments import Segment
+from app.store.views import EpisodeView
 
 METADATA_KEY = b"episerve.rows"  # names the description of rows by reference in the answer's schema metadata
 REFERENCE_SCHEMA = pa.schema([pa.field("segment", pa.int32(), nullable=False), pa.field("row", pa.int64(), False)])
@@ -37,6 +45,22 @@ def reference_batch(
     described = {"columns": columns, "segments": [_described(segment, cache_root) for segment in segments]}
     schema = REFERENCE_SCHEMA.with_metadata({METADATA_KEY: orjson.dumps(described)})
     return pa.record_batch([pa.array(segment_of, pa.int32()), pa.array(row_of, pa.int64())], schema=schema)
+
+
+def layout_document(
+    view: EpisodeView, columns: list[str], segments: dict[int, Segment], cache_root: Path, seconds: float
+) -> dict[str, object]:
+    """The layout of `view`'s rows of `columns`: its runs and the built `segments` (by source file number) of the
+    files it reads, described relative to `cache_root`, for a client to use for `seconds`."""
+    return {
+        "seconds": seconds,
+        "rows": len(view),
+        "columns": columns,
+        "offsets": view.offsets.tolist(),
+        "files": view.run_file.tolist(),
+        "starts": view.run_start.tolist(),
+        "segments": [_described(segment, cache_root) | {"file": number} for number, segment in segments.items()],
+    }
 
 
 def _described(segment: Segment, cache_root: Path) -> dict[str, object]:

@@ -26,7 +26,7 @@ from app.reads.episode_spec import EpisodeRanges, format_ranges, resolve_episode
 from app.reads.frames import resized_cameras, view_schema
 from app.reads.pending_copies import PendingCopies
 from app.reads.pieces import Piece, RowPieces
-from app.reads.requests import RowSelection, SliceRequest, TakeRequest
+from app.reads.requests import RowLayoutRequest, RowSelection, SliceRequest, TakeRequest
 from app.reads.takes import project
 from app.reads.view_read import ReadOptions, RowsNeeded, ViewRead
 from app.reads.windows import WindowSpec, parse_windows
@@ -197,6 +197,28 @@ def answer_take(dataset: Dataset, request: TakeRequest) -> Answer:
     answer = TakeRead(dataset, request).answer()
     assert isinstance(answer, Answer)
     return answer.whole()
+
+
+def answer_row_layout(dataset: Dataset, request: RowLayoutRequest) -> dict[str, object]:
+    """Where the rows of a view lie in the segment cache, for a client on the server's machine to take them by
+    itself for a while (see `app.reads.row_references`); 422 when a column asked is a camera (not a stored
+    column)."""
+    selection = request.selection()
+    ranges = selection.episode_ranges(dataset.limits)
+
+    def layout(index: EpisodeIndex) -> dict[str, object]:
+        prepared = _prepared(dataset, index, ranges, selection)
+        cameras = prepared.read.cameras
+        asked = prepared.names if prepared.names is not None else list(cameras)
+        camera = next((name for name in asked if name in cameras), None)
+        if camera is not None:
+            raise InvalidInput(
+                f"a row layout covers stored columns only; {camera!r} is a camera (name the other columns, and take "
+                "the camera's frames with frames=references)"
+            )
+        return prepared.read.row_layout(prepared.stored)
+
+    return dataset.with_fresh_index(layout)
 
 
 def files_needed(dataset: Dataset, episodes: EpisodeRanges | None) -> list[int]:

@@ -34,7 +34,7 @@ from app.reads.frames import (
     tensor_column,
 )
 from app.reads.pending_copies import PendingCopies
-from app.reads.row_references import reference_batch
+from app.reads.row_references import layout_document, reference_batch
 from app.reads.takes import gather_rows, project
 from app.reads.windows import DEFAULT_TOLERANCE_S, PAD_SUFFIX, WindowSpec, as_windows, pad_column, window_targets
 from app.sources.frame_tiers import hot_tier, wire_encoding
@@ -279,6 +279,17 @@ class ViewRead:
         columns = names if names is not None else self.index.schema.names
         root = self.dataset.segments.cache_root
         return reference_batch(segments, segment_of, stored, columns, root)  # type: ignore[arg-type]
+
+    def row_layout(self, names: list[str] | None) -> dict[str, object]:
+        """The layout of the whole view's rows of the stored columns `names` (None: all) in the segment cache (see
+        `app.reads.row_references`): its runs and the built segments of its source files, checked fresh."""
+        files = distinct(self.view.run_file)
+        self.dataset.ensure_fresh(self.index, files)
+        built = {number: self._segment_at_path(number) for number in files}
+        segments = {number: segment for number, segment in built.items() if segment is not None}
+        columns = names if names is not None else self.index.schema.names
+        seconds = self.dataset.limits.row_layout_s
+        return layout_document(self.view, columns, segments, self.dataset.segments.cache_root, seconds)
 
     def _segment_at_path(self, number: int) -> Segment | None:
         """The segment of source file `number` if it is built and the file at its path is the one mapped (what

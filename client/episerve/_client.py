@@ -33,6 +33,7 @@ from episerve._errors import (
 from episerve._local_frames import LocalFrames
 from episerve._local_rows import LocalRows
 from episerve._retry import PROGRESS_HEADER, RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
+from episerve._row_layouts import RowLayouts
 from episerve._selection import ArrowBody, DeltaTimestamps, Pages, Selection
 from episerve._transport import (
     ConnectError,
@@ -54,6 +55,7 @@ _TAKE_INDICES = 100_000  # the server's default `max_take_indices`
 _MAX_TAKES = 1024  # takes per `POST /takes` request
 _MAX_SPEC_IN_URL = 4000  # longer episode specs travel in a POST /rows body instead of the query string
 _USER_AGENT = f"episerve-client/{__version__}"
+_NO_BODY = pa.py_buffer(b"")  # the body of rows gathered here, without a response
 _ROWS_UNKNOWN = "rows: Extra inputs are not permitted"  # a server from before rows by reference, asked for them
 
 log = logging.getLogger("episerve")
@@ -107,6 +109,7 @@ class Client:
         self.retries = retries or Retries()
         self.local_frames = LocalFrames(cache_dir) if cache_dir is not None else None
         self.local_rows = LocalRows(cache_dir) if cache_dir is not None else None
+        self.row_layouts = RowLayouts(self._row_layout) if cache_dir is not None else None
         self._page_rows = _PAGE_ROWS
         self._take_indices = _TAKE_INDICES
         self._takes_supported = True
@@ -285,7 +288,11 @@ class Client:
         return [self.read_take(selection, indices) for selection, indices in wanted]
 
     def _takes_request(self, takes: list[tuple[Selection, np.ndarray]]) -> list[Pages]:
-        """One `POST /takes` request; rows and camera frames read from `cache_dir` where they can be."""
+        """One `POST /takes` request (none when every take is read from `cache_dir` by its view's layout); rows and
+        camera frames read from `cache_dir` where they can be."""
+        here = [self._taken_here(selection, page) for selection, page in takes]
+        if all(taken is not None for taken in here):
+            return [Pages([body], total) for body, total in here]  # type: ignore[misc]
         payload = [{"dataset": selection.dataset_id} | _take_body(selection, page) for selection, page in takes]
         payload = [take | self._answer_fields() for take in payload]
         references = self._references()
@@ -314,8 +321,11 @@ class Client:
         return tables, body, totals
 
     def _take_page(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int]:
-        """One `/rows/take` request and the view length; rows and camera frames read from `cache_dir` where they
-        can be."""
+        """One `/rows/take` request and the view length (no request when the rows are read from `cache_dir` by the
+        view's layout); rows and camera frames read from `cache_dir` where they can be."""
+        here = self._taken_here(selection, page)
+        if here is not None:
+            return here
         payload = _take_body(selection, page) | self._answer_fields()
         path = _path(selection.dataset_id, "/rows/take")
         references = self._references()
@@ -329,6 +339,29 @@ class Client:
                     return ArrowBody(table, body.buffer, arrays), int(response.headers["x-total-rows"])
         response = self._send("POST", path, body=payload, arrow=True)
         return _arrow_body(response, selection.dataset_id), int(response.headers["x-total-rows"])
+
+    def _taken_here(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int] | None:
+        """The rows at view positions `page` gathered from `cache_dir` by the view's layout (`episerve._row_layouts`),
+        with the view's length, without a request; None when they must be asked for (no layout, a file with no
+        segment built, a file that cannot be read here)."""
+        local, layouts = self.local_rows, self.row_layouts
+        if local is None or layouts is None or not local.in_use:
+            return None
+        layout = layouts.current(selection)
+        located = layout.locate(page) if layout is not None else None
+        if layout is None or located is None:
+            return None
+        try:
+            table, arrays = local.gather(layout.columns, *located)
+        except SegmentUnavailable:  # a take by reference says why, and counts the miss
+            layouts.set_aside(selection)
+            return None
+        return ArrowBody(table, _NO_BODY, arrays), layout.rows
+
+    def _row_layout(self, selection: Selection) -> dict[str, Any]:
+        """The `/rows/layout` answer for `selection`'s view and columns."""
+        body = {name: value for name, value in _selection_fields(selection).items() if name in ("episodes", "columns")}
+        return self._json("POST", _path(selection.dataset_id, "/rows/layout"), body=body)
 
     def _references(self) -> dict[str, str]:
         """The fields with which a take asks for references into `cache_dir`: rows (`episerve._local_rows`) and

@@ -49,18 +49,25 @@ class LocalRows(LocalReferences["_RowSegment"]):
         """`resolve(table)`, and the columns of numbers and of (nested) fixed-size lists of them as the arrays they
         were gathered into, shaped `(rows, *list sizes)` as `episerve._columns.table_columns` makes them from the
         table (the same memory): a batch's columns are then not converted back from Arrow."""
-        self.files.drop_unlinked()
         described = json.loads(table.schema.metadata[METADATA_KEY])
-        columns = [str(name) for name in described["columns"]]
-        segments = [self._segment(entry) for entry in described["segments"]]
-        if not segments:
-            raise SegmentUnavailable("the answer references no segment")
         segment_of = _values(table.column("segment"), np.dtype(np.int32))
         row_of = _values(table.column("row"), np.dtype(np.int64))
+        return self.gather(described["columns"], described["segments"], segment_of, row_of)
+
+    def gather(
+        self, columns: list[str], entries: list[dict[str, Any]], segment_of: np.ndarray, row_of: np.ndarray
+    ) -> tuple[pa.Table, dict[str, np.ndarray]]:
+        """Row `row_of[i]` of the segment file `entries[segment_of[i]]` describes, for each `i`, of `columns`, as
+        `resolve_columns` gives them (`SegmentUnavailable` if some file cannot be read here)."""
+        self.files.drop_unlinked()
+        segments = [self._segment(entry) for entry in entries]
+        if not segments:
+            raise SegmentUnavailable("the answer references no segment")
         if len(segment_of) and (segment_of.min() < 0 or segment_of.max() >= len(segments)):
             raise SegmentUnavailable("a reference names a segment the answer does not list")
+        names = [str(name) for name in columns]
         try:
-            gathered = _gather([segment.projected(columns) for segment in segments], segment_of, row_of)
+            gathered = _gather([segment.projected(names) for segment in segments], segment_of, row_of)
         except (pa.ArrowException, KeyError) as exc:  # segments of another schema than the answer's
             raise SegmentUnavailable(f"the referenced segments do not hold the rows asked: {exc}") from exc
         self.read()

@@ -1,0 +1,124 @@
+"""Where a view's rows lie in the server's segment cache, so a client on the same machine takes them with no request.
+
+A take by reference (`episerve._local_rows`) still costs one request a batch: small, but a request costs the
+server more CPU than the gather it saves, and a map-style loader makes one per batch. So a client with
+`cache_dir=` asks once for the view's layout (`POST /datasets/{id}/rows/layout`: its runs of rows and the built
+segment file of each source file it reads, see `app.reads.row_references`) and takes rows from those files itself
+for as long as the server says (`EPISERVE_ROW_LAYOUT_S`, a second by default), then asks again: what the server has
+rebuilt or evicted since (a source file that changed, a segment built meanwhile) is seen within that time. Until
+then a take reads the rows as the layout's files hold them, a consistent earlier state: a file is opened only if it
+is the one the layout names (`episerve._cache_files`), and a file mapped here stays readable when the server
+replaces or evicts it. Rows whose file has no segment built yet, windowed reads and cameras are taken with a
+request as before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from episerve._errors import InvalidRequest, NotFound, ServerError
+from episerve._selection import Selection
+
+_REFUSED_SECONDS = 1.0  # a layout refused for now, or naming a file not readable here, is asked again after this
+_KNOWN_LAYOUTS = 16
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """A view's rows in the segment cache: `rows` in the view, the `columns` read, the runs (`offsets`: where each
+    starts in the view, then `rows`; `files`: its source file; `starts`: its first row of that file's segment),
+    each built segment's description by source file (`segments`), and when it is asked again (`until`)."""
+
+    rows: int
+    columns: list[str]
+    offsets: np.ndarray
+    files: np.ndarray
+    starts: np.ndarray
+    segments: dict[int, dict[str, Any]]
+    until: float
+
+    @classmethod
+    def parse(cls, document: dict[str, Any], now: float) -> RowLayout | None:
+        """The layout a `/rows/layout` answer describes, asked at `now`; None when the server says not to use it
+        (no `seconds`)."""
+        if document["seconds"] <= 0:
+            return None
+        offsets = np.asarray(document["offsets"], dtype=np.int64)
+        files = np.asarray(document["files"], dtype=np.int64)
+        starts = np.asarray(document["starts"], dtype=np.int64)
+        if len(offsets) != len(files) + 1 or len(starts) != len(files) or offsets[-1] != document["rows"]:
+            raise ValueError("a row layout whose runs do not add up")
+        segments = {int(entry["file"]): entry for entry in document["segments"]}
+        until = now + float(document["seconds"])
+        return cls(int(document["rows"]), list(document["columns"]), offsets, files, starts, segments, until)
+
+    def locate(self, positions: np.ndarray) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray] | None:
+        """The segments view `positions` lie in, and for each position the index of its segment among them and its
+        row of that segment; None when a position is beyond the view or lies in a file with no segment built."""
+        if len(positions) == 0 or positions.min() < 0 or positions.max() >= self.rows:
+            return None
+        run = np.searchsorted(self.offsets, positions, side="right") - 1
+        files = self.files[run]
+        rows = self.starts[run] + (positions - self.offsets[run])
+        first = files[0]
+        touched = [int(first)] if (files == first).all() else np.unique(files).tolist()
+        entries = [self.segments.get(number) for number in touched]
+        if any(entry is None for entry in entries):
+            return None
+        if len(touched) == 1:
+            segment_of = np.zeros(len(positions), dtype=np.int32)
+        else:
+            segment_of = np.searchsorted(np.asarray(touched), files).astype(np.int32)
+        return entries, segment_of, rows  # type: ignore[return-value]
+
+
+class RowLayouts:
+    """The layouts this process knows, by view and columns, each asked with `fetch` (a `/rows/layout` answer) and
+    asked again after the `seconds` it states."""
+
+    def __init__(self, fetch: Callable[[Selection], dict[str, Any]]) -> None:
+        self._fetch = fetch
+        self._known: dict[tuple[Any, ...], RowLayout | float] = {}  # a layout, or until when none is asked
+        self.supported = True  # False once the server answers that it has no such route
+
+    def current(self, selection: Selection) -> RowLayout | None:
+        """The layout of `selection`'s view, asked if not known or old; None where there is none (windows or a
+        camera asked, the server refused, or it has no layouts)."""
+        if not self.supported or selection.delta_timestamps is not None:
+            return None
+        key = (selection.dataset_id, selection.episodes, selection.columns)
+        now = time.monotonic()
+        known = self._known.get(key)
+        if isinstance(known, RowLayout) and now < known.until:
+            return known
+        if isinstance(known, float) and now < known:
+            return None
+        found: RowLayout | float | None
+        try:
+            found = RowLayout.parse(self._fetch(selection), now)
+        except InvalidRequest:  # a camera asked: that selection never has a layout
+            found = float("inf")
+        except NotFound as exc:
+            if not str(exc.body.get("detail", "")).startswith("no route "):
+                raise
+            self.supported = False  # an older server
+            return None
+        except (ServerError, ValueError, KeyError, TypeError):  # a refusal for now: takes ask, and say why
+            found = now + _REFUSED_SECONDS
+        if found is None:  # the server wants every take asked
+            self.supported = False
+            return None
+        if len(self._known) >= _KNOWN_LAYOUTS:
+            self._known.clear()
+        self._known[key] = found
+        return found if isinstance(found, RowLayout) else None
+
+    def set_aside(self, selection: Selection) -> None:
+        """Take `selection`'s rows with requests for a while, then ask its layout again (a file the layout names
+        could not be read here)."""
+        self._known[(selection.dataset_id, selection.episodes, selection.columns)] = time.monotonic() + _REFUSED_SECONDS
