@@ -341,3 +341,21 @@ def test_layouts_can_be_turned_off(root: Path, tmp_path: Path) -> None:
             pages = local.read_take(episerve.Selection.of("rows", None, ["index"]), indices)
             assert pages.table.equals(view.take(pa.array(indices)))
             assert 0 < sum(b.size for b in pages.buffers) < 16 * len(indices) + 2048  # asked, by reference
+
+
+def test_takes_by_layout_beside_takes_that_need_a_request_come_right(root: Path, server: ServerProcess) -> None:
+    local = episerve.Client(server.url, cache_dir=server.cache_dir)
+    remote = episerve.Client(server.url)
+    takes = [
+        (episerve.Selection.of("rows", [2, 6], ["index", "state"]), [59, 0, 7, 7]),
+        (episerve.Selection.of("rows", [2], ["index"], delta_timestamps={"index": [-0.1, 0]}), [3, 0]),
+    ]
+    for _ in range(3):
+        assert [p.table for p in local.read_takes(takes)] == [p.table for p in remote.read_takes(takes)]
+
+
+def test_a_take_a_layout_cannot_check_is_checked_by_the_server(server: ServerProcess) -> None:
+    local = episerve.Client(server.url, cache_dir=server.cache_dir)
+    local.take("rows", [0, 1], columns=["index"])  # its view's layout is known
+    with pytest.raises(episerve.InvalidRequest, match="tolerance_s"):
+        local.take("rows", [0, 1], columns=["index"], tolerance_s=-1.0)

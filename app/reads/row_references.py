@@ -15,9 +15,10 @@ The rows gathered from those files in that order are the table the take answers 
 A view's layout (`POST /datasets/{id}/rows/layout`, `layout_document`) says the same for every row of a view at
 once, so a client can take rows with no request at all for a while: the view's runs (`offsets`: the view row where
 each run starts, then the view's length; `files`: the source file of each run; `starts`: the run's first row of
-that file's segment), the columns, and the built segment of each source file the view reads (`segments`, each
-entry as above plus the `file` it holds). A file with no segment built is not listed: its rows are taken with a
-request, which builds it.
+that file's segment), the columns, the segment of each source file the view reads that the server has mapped
+(`segments`, each entry as above plus the `file` it holds), and for how many `seconds` the client may use it before
+asking again (`EPISERVE_ROW_LAYOUT_S`: how long it may read a source file's earlier rows once it changes). A file
+whose segment is not mapped is not listed: its rows are taken with a request, which maps or builds it.
 """
 
 from __future__ import annotations

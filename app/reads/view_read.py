@@ -282,11 +282,13 @@ class ViewRead:
 
     def row_layout(self, names: list[str] | None) -> dict[str, object]:
         """The layout of the whole view's rows of the stored columns `names` (None: all) in the segment cache (see
-        `app.reads.row_references`): its runs and the built segments of its source files, checked fresh."""
+        `app.reads.row_references`): its runs and, of its source files (checked fresh), the segments this process
+        has mapped and finds at their paths. Never maps or builds one: a layout is asked every second, and mapping
+        a segment verifies it, so the rows of the others are taken with a request, which maps or builds them."""
         files = distinct(self.view.run_file)
         self.dataset.ensure_fresh(self.index, files)
-        built = {number: self._segment_at_path(number) for number in files}
-        segments = {number: segment for number, segment in built.items() if segment is not None}
+        mapped = {number: self.dataset.rows.mapped(self.index, number) for number in files}
+        segments = {number: segment for number, segment in mapped.items() if segment is not None and segment.at_path()}
         columns = names if names is not None else self.index.schema.names
         seconds = self.dataset.limits.row_layout_s
         return layout_document(self.view, columns, segments, self.dataset.segments.cache_root, seconds)

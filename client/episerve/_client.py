@@ -33,7 +33,7 @@ from episerve._errors import (
 from episerve._local_frames import LocalFrames
 from episerve._local_rows import LocalRows
 from episerve._retry import PROGRESS_HEADER, RETRY_STATUSES, Retries, RetryBudget, parse_retry_after
-from episerve._row_layouts import RowLayouts
+from episerve._row_layouts import Located, RowLayout, RowLayouts
 from episerve._selection import ArrowBody, DeltaTimestamps, Pages, Selection
 from episerve._transport import (
     ConnectError,
@@ -290,9 +290,11 @@ class Client:
     def _takes_request(self, takes: list[tuple[Selection, np.ndarray]]) -> list[Pages]:
         """One `POST /takes` request (none when every take is read from `cache_dir` by its view's layout); rows and
         camera frames read from `cache_dir` where they can be."""
-        here = [self._taken_here(selection, page) for selection, page in takes]
-        if all(taken is not None for taken in here):
-            return [Pages([body], total) for body, total in here]  # type: ignore[misc]
+        located = [self._located_here(selection, page) for selection, page in takes]
+        if all(found is not None for found in located):
+            here = [self._gathered_here(selection, found) for (selection, _), found in zip(takes, located, strict=True)]
+            if all(taken is not None for taken in here):
+                return [Pages([body], total) for body, total in here]  # type: ignore[misc]
         payload = [{"dataset": selection.dataset_id} | _take_body(selection, page) for selection, page in takes]
         payload = [take | self._answer_fields() for take in payload]
         references = self._references()
@@ -342,19 +344,30 @@ class Client:
 
     def _taken_here(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int] | None:
         """The rows at view positions `page` gathered from `cache_dir` by the view's layout (`episerve._row_layouts`),
-        with the view's length, without a request; None when they must be asked for (no layout, a file with no
-        segment built, a file that cannot be read here)."""
+        with the view's length, without a request; None when they must be asked for (no layout, a file whose
+        segment is not mapped by the server, a file that cannot be read here)."""
+        located = self._located_here(selection, page)
+        return self._gathered_here(selection, located) if located is not None else None
+
+    def _located_here(self, selection: Selection, page: np.ndarray) -> tuple[RowLayout, Located] | None:
+        """The layout of `selection`'s view and where the rows at `page` lie by it; None when a request must take
+        them."""
         local, layouts = self.local_rows, self.row_layouts
         if local is None or layouts is None or not local.in_use:
             return None
         layout = layouts.current(selection)
         located = layout.locate(page) if layout is not None else None
-        if layout is None or located is None:
-            return None
+        return (layout, located) if layout is not None and located is not None else None
+
+    def _gathered_here(self, selection: Selection, found: tuple[RowLayout, Located]) -> tuple[ArrowBody, int] | None:
+        """The rows `found` locates, gathered from `cache_dir`, with the view's length; None (the layout set aside
+        for a while) when a file it names cannot be read here."""
+        layout, located = found
+        assert self.local_rows is not None and self.row_layouts is not None
         try:
-            table, arrays = local.gather(layout.columns, *located)
+            table, arrays = self.local_rows.gather(layout.columns, *located)
         except SegmentUnavailable:  # a take by reference says why, and counts the miss
-            layouts.set_aside(selection)
+            self.row_layouts.set_aside(selection)
             return None
         return ArrowBody(table, _NO_BODY, arrays), layout.rows
 

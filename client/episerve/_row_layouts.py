@@ -14,18 +14,24 @@ request as before.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from episerve._errors import InvalidRequest, NotFound, ServerError
+from episerve._errors import ServerError, Unavailable
 from episerve._selection import Selection
 
 _REFUSED_SECONDS = 1.0  # a layout refused for now, or naming a file not readable here, is asked again after this
-_KNOWN_LAYOUTS = 16
+_KNOWN_LAYOUTS = 1024  # views and column sets a process takes from (a mixture's components, each a few KB)
+log = logging.getLogger("episerve")
+
+
+Located = tuple[list[dict[str, Any]], np.ndarray, np.ndarray]  # segments, each row's segment among them, its row
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,9 @@ class RowLayout:
         until = now + float(document["seconds"])
         return cls(int(document["rows"]), list(document["columns"]), offsets, files, starts, segments, until)
 
-    def locate(self, positions: np.ndarray) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray] | None:
+    def locate(self, positions: np.ndarray) -> Located | None:
         """The segments view `positions` lie in, and for each position the index of its segment among them and its
-        row of that segment; None when a position is beyond the view or lies in a file with no segment built."""
+        row of that segment; None when a position is beyond the view or lies in a file whose segment is not listed."""
         if len(positions) == 0 or positions.min() < 0 or positions.max() >= self.rows:
             return None
         run = np.searchsorted(self.offsets, positions, side="right") - 1
@@ -79,46 +85,67 @@ class RowLayout:
 
 class RowLayouts:
     """The layouts this process knows, by view and columns, each asked with `fetch` (a `/rows/layout` answer) and
-    asked again after the `seconds` it states."""
+    asked again after the `seconds` it states; the most recently used `_KNOWN_LAYOUTS` are kept."""
 
     def __init__(self, fetch: Callable[[Selection], dict[str, Any]]) -> None:
         self._fetch = fetch
-        self._known: dict[tuple[Any, ...], RowLayout | float] = {}  # a layout, or until when none is asked
-        self.supported = True  # False once the server answers that it has no such route
+        self._known: OrderedDict[tuple[Any, ...], RowLayout | float] = OrderedDict()  # or until when none is asked
+        self._warned: set[tuple[Any, ...]] = set()
+        self.supported = True  # False once the server has no layouts (an older one, or EPISERVE_ROW_LAYOUT_S=0)
 
     def current(self, selection: Selection) -> RowLayout | None:
-        """The layout of `selection`'s view, asked if not known or old; None where there is none (windows or a
-        camera asked, the server refused, or it has no layouts)."""
-        if not self.supported or selection.delta_timestamps is not None:
+        """The layout of `selection`'s view, asked if not known or old; None where there is none (windows, a
+        camera, options only a take checks, the server refused it, or it has no layouts). An unavailable server
+        (`Unavailable` once the retries are spent) raises, as the take would."""
+        if not self.supported or not _layout_may_serve(selection):
             return None
-        key = (selection.dataset_id, selection.episodes, selection.columns)
+        key = _key(selection)
         now = time.monotonic()
         known = self._known.get(key)
-        if isinstance(known, RowLayout) and now < known.until:
-            return known
-        if isinstance(known, float) and now < known:
-            return None
+        if known is not None:
+            self._known.move_to_end(key)
+            if isinstance(known, RowLayout) and now < known.until:
+                return known
+            if isinstance(known, float) and now < known:
+                return None
         found: RowLayout | float | None
         try:
             found = RowLayout.parse(self._fetch(selection), now)
-        except InvalidRequest:  # a camera asked: that selection never has a layout
-            found = float("inf")
-        except NotFound as exc:
-            if not str(exc.body.get("detail", "")).startswith("no route "):
-                raise
-            self.supported = False  # an older server
-            return None
-        except (ServerError, ValueError, KeyError, TypeError):  # a refusal for now: takes ask, and say why
+        except Unavailable:
+            raise
+        except ServerError as exc:
+            if exc.status == 405 or (exc.status == 404 and str(exc.body.get("detail", "")).startswith("no route ")):
+                self.supported = False  # an older server, without the route
+                return None
+            self._refused(key, exc)  # the take asks, and raises what is wrong with it
+            found = now + (float("inf") if exc.status == 422 else _REFUSED_SECONDS)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._refused(key, exc)
             found = now + _REFUSED_SECONDS
         if found is None:  # the server wants every take asked
             self.supported = False
             return None
-        if len(self._known) >= _KNOWN_LAYOUTS:
-            self._known.clear()
         self._known[key] = found
+        while len(self._known) > _KNOWN_LAYOUTS:
+            self._known.popitem(last=False)
         return found if isinstance(found, RowLayout) else None
 
     def set_aside(self, selection: Selection) -> None:
         """Take `selection`'s rows with requests for a while, then ask its layout again (a file the layout names
         could not be read here)."""
-        self._known[(selection.dataset_id, selection.episodes, selection.columns)] = time.monotonic() + _REFUSED_SECONDS
+        self._known[_key(selection)] = time.monotonic() + _REFUSED_SECONDS
+
+    def _refused(self, key: tuple[Any, ...], error: Exception) -> None:
+        if key not in self._warned and not (isinstance(error, ServerError) and error.status == 422):
+            self._warned.add(key)
+            log.warning("rows of %s are taken with a request: its layout was refused: %s", key[0], error)
+
+
+def _key(selection: Selection) -> tuple[Any, ...]:
+    return (selection.dataset_id, selection.episodes, selection.columns)
+
+
+def _layout_may_serve(selection: Selection) -> bool:
+    """Whether a layout may answer `selection`'s takes: no windows, and none of the options a take validates that
+    a layout does not (`tolerance_s`, `frame_size`: a take with them is checked by the server)."""
+    return selection.delta_timestamps is None and selection.tolerance_s is None and selection.frame_size is None
