@@ -78,6 +78,9 @@ class Managed:
         self.process = None
 
     def __enter__(self) -> Managed:
+        """Start the process, unless `start()` already has (`with Server(...).start() as server:` starts it once)."""
+        if self.process is not None and self.process.poll() is None:
+            return self
         return self.start()
 
     def __exit__(
