@@ -150,8 +150,9 @@ _LAYOUT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "Where the view's rows lie in the segment cache: `rows` (the view's length), `columns`, the "
         "runs (`offsets`: the view row each starts at, then the length; `files`: each run's source file number; "
-        "`starts`: its first row in that file's segment) and `segments` (each built segment file of those source "
-        "files: `file`, `path` relative to the cache directory, `bytes`, `inode`, `mtime_ns`, `rows`)",
+        "`starts`: its first row in that file's segment), `segments` (the segment files of those source files the "
+        "answering process has mapped: `file`, `path` relative to the cache directory, `bytes`, `inode`, "
+        "`mtime_ns`, `rows`) and `seconds` (how long a client may use it before asking again; 0: not at all)",
         "content": {"application/json": {"schema": {"type": "object"}}},
     },
     **problem_responses(404),
