@@ -1,5 +1,5 @@
-"""Fixtures of the client tests: the session server and datasets from tests/conftest.py, plus oracle views, and a
-server of two robots' datasets for the LeRobot drop-in over mixtures."""
+"""Fixtures of the client tests: the session server and datasets from tests/conftest.py, plus oracle views, a
+server of two robots' datasets for the LeRobot drop-in over mixtures, and LeRobot's training script."""
 
 from __future__ import annotations
 
@@ -11,7 +11,19 @@ import pyarrow as pa
 import pytest
 
 from app.demo import write_demo_dataset
-from tests.client.helpers import ARM6, ARM9, CROSS_DOCUMENT, DEMO, FOLD, HIGH, PICK, SLOW, TOP, WRIST
+from tests.client.helpers import (
+    ARM6,
+    ARM9,
+    CROSS_DOCUMENT,
+    DEMO,
+    FOLD,
+    HIGH,
+    PICK,
+    SLOW,
+    TOP,
+    WRIST,
+    LeRobotTrainer,
+)
 from tests.support import ServerProcess, oracle
 
 
@@ -58,3 +70,13 @@ def robots_url(robots_root: Path, robots_mixtures: Path, tmp_path_factory: pytes
     environment = {"EPISERVE_MIXTURES_DIR": str(robots_mixtures)}
     with ServerProcess([robots_root], tmp_path_factory.mktemp("robots-cache"), env=environment) as running:
         yield running.url
+
+
+@pytest.fixture(scope="session")
+def lerobot_trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LeRobotTrainer]:
+    """LeRobot's training script, imported once for every training run of the session (of this xdist worker)."""
+    trainer = LeRobotTrainer(tmp_path_factory.mktemp("lerobot-trainer"))
+    try:
+        yield trainer
+    finally:
+        trainer.close()

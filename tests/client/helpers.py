@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import select
+import signal
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from tests.support import ServerProcess
+from tests.support import ROOT, ServerProcess
 
 DEMO = "lerobot/demo-v3"
 VECTORS = ("observation.state", "action")
@@ -39,6 +46,64 @@ class PinnedPortServer(ServerProcess):
     def port(self, value: int) -> None:
         if not getattr(self, "_port", 0):
             self._port = value
+
+
+class LeRobotTrainer:
+    """LeRobot's training script with no Hub access, in a process of its own (tests/client/lerobot_train_run.py)
+    that imports it once and forks every run from there: a run's start-up is mostly those imports."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.runs = 0
+        self.log = work / "trainer.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EPISERVE_")}
+        env |= {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env["HF_LEROBOT_HOME"] = str(work / "home")
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.client.lerobot_train_run"],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
+
+    def train(self, *runs: tuple[str, list[str]], timeout: float = 280.0) -> list[dict[str, Any]]:
+        """Train every run, `(mode, arguments)` as lerobot_train_run.py takes them, at once, each in a fresh fork;
+        once all ended successfully, the record of each (what it did)."""
+        import torch
+
+        assert self.process.stdin is not None and self.process.stdout is not None
+        requests = []
+        for mode, arguments in runs:
+            self.runs += 1
+            base = self.work / f"run-{self.runs}"
+            requests.append({"record": f"{base}.pt", "log": f"{base}.log", "mode": mode, "arguments": arguments})
+        self.process.stdin.write(json.dumps(requests).encode() + b"\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        answer = self.process.stdout.readline() if ready else b""
+        if not answer:
+            self.close()
+            raise AssertionError(f"the runs did not end within {timeout} s:\n{self.log.read_text()[-4000:]}")
+        for request, status in zip(requests, json.loads(answer), strict=True):
+            assert status == 0, Path(request["log"]).read_text(errors="replace")[-4000:]
+        return [torch.load(request["record"], weights_only=False) for request in requests]
+
+    def close(self) -> None:
+        """End the process (and any run still going)."""
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
 
 
 def run_in_process(target: Callable[..., Any], *args: Any, timeout: float = 120.0) -> Any:

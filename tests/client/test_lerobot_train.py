@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader
 from app.demo import IMAGE, write_demo_dataset
 from episerve.lerobot import RemoteLeRobotDataset
 from episerve.lerobot.train import split_arguments
-from tests.support import ROOT, ServerProcess
+from tests.client.helpers import LeRobotTrainer
+from tests.support import ServerProcess
 
 lerobot_dataset = pytest.importorskip("lerobot.datasets.lerobot_dataset", reason="LeRobot is installed by make venv")
 LeRobotDataset = lerobot_dataset.LeRobotDataset  # as `from lerobot... import LeRobotDataset` before the switch
@@ -80,20 +81,6 @@ def train_server(
         yield running
 
 
-def _train(record: Path, mode: str, arguments: list[str], home: Path) -> subprocess.Popen[bytes]:
-    """LeRobot's training script in its own process (tests/client/lerobot_train_run.py), with no Hub access."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPISERVE_")}
-    env |= {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_LEROBOT_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "tests.client.lerobot_train_run", str(record), mode, *arguments]
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def _finish(process: subprocess.Popen[bytes], record: Path) -> dict[str, Any]:
-    output, _ = process.communicate(timeout=280)
-    assert process.returncode == 0, output.decode(errors="replace")[-4000:]
-    return torch.load(record, weights_only=False)
-
-
 def _common(repo_id: str, tmp: Path, name: str, workers: int = 0) -> list[str]:
     return [
         f"--dataset.repo_id={repo_id}",
@@ -110,22 +97,16 @@ def _common(repo_id: str, tmp: Path, name: str, workers: int = 0) -> list[str]:
 
 
 def _run_both(
-    train_server: ServerProcess, image_root: Path, tmp_path: Path, policy: list[str], workers: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    trainer: LeRobotTrainer, url: str, image_root: Path, tmp_path: Path, policy: list[str], workers: int
+) -> list[dict[str, Any]]:
     """The same training run on LeRobot's `LeRobotDataset` over the files and through the switch, concurrently."""
-    lerobot = _train(
-        tmp_path / "lerobot.pt",
-        "lerobot",
-        [*_common("img-v3", tmp_path, "out-lerobot", workers), f"--dataset.root={image_root / 'img-v3'}", *policy],
-        tmp_path / "home",
+    return trainer.train(
+        (
+            "lerobot",
+            [*_common("img-v3", tmp_path, "out-lerobot", workers), f"--dataset.root={image_root / 'img-v3'}", *policy],
+        ),
+        ("episerve", ["--episerve-url", url, *_common("img-v3", tmp_path, "out-episerve", workers), *policy]),
     )
-    served = _train(
-        tmp_path / "episerve.pt",
-        "episerve",
-        ["--episerve-url", train_server.url, *_common("img-v3", tmp_path, "out-episerve", workers), *policy],
-        tmp_path / "home",
-    )
-    return _finish(lerobot, tmp_path / "lerobot.pt"), _finish(served, tmp_path / "episerve.pt")
 
 
 def _assert_same_batch(actual: dict[str, Any], expected: dict[str, Any], root: Path) -> None:
@@ -141,9 +122,11 @@ def _assert_same_batch(actual: dict[str, Any], expected: dict[str, Any], root: P
     assert actual["task"] == [tasks[int(i)] for i in actual["task_index"]]
 
 
-def test_act_trains_with_lerobots_losses(train_server: ServerProcess, image_root: Path, tmp_path: Path) -> None:
+def test_act_trains_with_lerobots_losses(
+    lerobot_trainer: LeRobotTrainer, train_server: ServerProcess, image_root: Path, tmp_path: Path
+) -> None:
     """A tiny ACT, 2 DataLoader workers: the same losses, gradient norms and first batch as on LeRobotDataset."""
-    lerobot, served = _run_both(train_server, image_root, tmp_path, TINY_ACT, workers=2)
+    lerobot, served = _run_both(lerobot_trainer, train_server.url, image_root, tmp_path, TINY_ACT, workers=2)
     assert (lerobot["dataset_class"], served["dataset_class"]) == ("LeRobotDataset", "ServedLeRobotDataset")
     assert len(served["losses"]) == STEPS
     assert served["losses"] == lerobot["losses"]
@@ -151,10 +134,12 @@ def test_act_trains_with_lerobots_losses(train_server: ServerProcess, image_root
     _assert_same_batch(served["first_batch"], lerobot["first_batch"], image_root / "img-v3")
 
 
-def test_diffusion_with_episode_aware_sampler(train_server: ServerProcess, image_root: Path, tmp_path: Path) -> None:
+def test_diffusion_with_episode_aware_sampler(
+    lerobot_trainer: LeRobotTrainer, train_server: ServerProcess, image_root: Path, tmp_path: Path
+) -> None:
     """A tiny diffusion policy: lerobot_train builds EpisodeAwareSampler from `meta.episodes["dataset_from_index"]`
     and `["dataset_to_index"]` (dropping each episode's last frames); the same losses as on LeRobotDataset."""
-    lerobot, served = _run_both(train_server, image_root, tmp_path, TINY_DIFFUSION, workers=0)
+    lerobot, served = _run_both(lerobot_trainer, train_server.url, image_root, tmp_path, TINY_DIFFUSION, workers=0)
     assert served["sampler"] == lerobot["sampler"] == "EpisodeAwareSampler"
     assert served["losses"] == lerobot["losses"]
     assert served["grad_norms"] == lerobot["grad_norms"]
@@ -166,16 +151,14 @@ def test_diffusion_with_episode_aware_sampler(train_server: ServerProcess, image
     [("cams-v3", TINY_ACT), ("img-v21", TINY_DIFFUSION)],
     ids=["two-camera-av1-v3.0", "v2.1"],
 )
-def test_where_lerobot_cannot_go(train_server: ServerProcess, tmp_path: Path, repo_id: str, policy: list[str]) -> None:
+def test_where_lerobot_cannot_go(
+    lerobot_trainer: LeRobotTrainer, train_server: ServerProcess, tmp_path: Path, repo_id: str, policy: list[str]
+) -> None:
     """A two-camera AV1 dataset (LeRobot cannot decode it on a CPU-only torch here) and a v2.1 dataset (LeRobot
     0.4.4 refuses it) train through the switch: finite losses, and the first batch is RemoteLeRobotDataset's."""
-    process = _train(
-        tmp_path / "run.pt",
-        "episerve",
-        ["--episerve-url", train_server.url, *_common(repo_id, tmp_path, "out"), *policy],
-        tmp_path / "home",
+    (record,) = lerobot_trainer.train(
+        ("episerve", ["--episerve-url", train_server.url, *_common(repo_id, tmp_path, "out"), *policy])
     )
-    record = _finish(process, tmp_path / "run.pt")
     assert len(record["losses"]) == STEPS and all(math.isfinite(loss) for loss in record["losses"])
     batch = record["first_batch"]
     dataset = RemoteLeRobotDataset(train_server.url, repo_id, delta_timestamps=record["delta_timestamps"])

@@ -18,8 +18,8 @@ from app.demo import IMAGE
 from episerve._mixture_dataset import MixtureDataset
 from episerve.lerobot import RemoteLeRobotDataset, RemoteLeRobotMixture
 from episerve.lerobot._mixture_repo import lerobot_mixture
-from tests.client.helpers import ARM6, ARM9, FOLD, PICK, TOP, WRIST
-from tests.client.test_lerobot_train import STEPS, TINY_ACT, _common, _finish, _train
+from tests.client.helpers import ARM6, ARM9, FOLD, PICK, TOP, WRIST, LeRobotTrainer
+from tests.client.test_lerobot_train import STEPS, TINY_ACT, _common
 
 lerobot_dataset = pytest.importorskip("lerobot.datasets.lerobot_dataset", reason="LeRobot is installed by make venv")
 
@@ -53,17 +53,15 @@ def assert_batch_is_the_mixtures_own(batch: dict[str, Any], oracle: MixtureDatas
         assert value.dtype == (torch.float32 if want.is_floating_point() else want.dtype), key
 
 
-def test_act_trains_on_a_list_of_datasets_with_the_mixtures_samples(robots_url: str, tmp_path: Path) -> None:
+def test_act_trains_on_a_list_of_datasets_with_the_mixtures_samples(
+    lerobot_trainer: LeRobotTrainer, robots_url: str, tmp_path: Path
+) -> None:
     """`--dataset.repo_id='[a,b]'` with two robots of 6 and 9 joints, 2 forked DataLoader workers: finite losses,
     and every batch is the row-weighted mixture's own samples."""
     repo_id = f"[{ARM6},{ARM9}]"
-    process = _train(
-        tmp_path / "run.pt",
-        "episerve",
-        ["--episerve-url", robots_url, *_common(repo_id, tmp_path, "out", workers=2), *TINY_ACT],
-        tmp_path / "home",
+    (record,) = lerobot_trainer.train(
+        ("episerve", ["--episerve-url", robots_url, *_common(repo_id, tmp_path, "out", workers=2), *TINY_ACT])
     )
-    record = _finish(process, tmp_path / "run.pt")
     assert record["dataset_class"] == "RemoteLeRobotMixture"
     assert len(record["losses"]) == STEPS and all(math.isfinite(loss) for loss in record["losses"])
     assert len(record["batches"]) == STEPS
@@ -78,16 +76,14 @@ def test_act_trains_on_a_list_of_datasets_with_the_mixtures_samples(robots_url: 
     assert set(robots.tolist()) == {0, 1}
 
 
-def test_a_named_mixture_with_a_feature_map_trains(robots_url: str, tmp_path: Path) -> None:
+def test_a_named_mixture_with_a_feature_map_trains(
+    lerobot_trainer: LeRobotTrainer, robots_url: str, tmp_path: Path
+) -> None:
     """`--dataset.repo_id=mixture:cross`: two video robots, one's `cam_high` renamed `top`, a wrist camera only one
     has; its weights, picks and map come from the server's document."""
-    process = _train(
-        tmp_path / "run.pt",
-        "episerve",
-        ["--episerve-url", robots_url, *_common("mixture:cross", tmp_path, "out"), *TINY_ACT],
-        tmp_path / "home",
+    (record,) = lerobot_trainer.train(
+        ("episerve", ["--episerve-url", robots_url, *_common("mixture:cross", tmp_path, "out"), *TINY_ACT])
     )
-    record = _finish(process, tmp_path / "run.pt")
     assert all(math.isfinite(loss) for loss in record["losses"]) and len(record["losses"]) == STEPS
     batch = record["first_batch"]
     assert batch[TOP].shape == batch[WRIST].shape == (4, 3, 32, 64)
