@@ -4,7 +4,8 @@ Each fenced block of README.md and docs/**/*.md is checked (`tests/docs_blocks.p
 - `python` blocks run as scripts with this interpreter (the venv's python), `bash` blocks with `bash -euo
   pipefail` with the venv's bin first on PATH (`episerve-server`, `python`), where `curl` fails on an HTTP error;
   a page's blocks run in order in one working directory (a `curl` that writes rows.arrow, then the block that
-  reads it), which holds `.venv` (this venv) as a checkout would: one test per page;
+  reads it), which holds `.venv` (this venv) as a checkout would: one test per page, but for the site's front
+  page (docs/index.md), README.md with its links rewritten, whose commands are checked to be README's;
 - `json`, `yaml` and `toml` blocks are parsed; a block marked `quotes FILE` must be a run of that file's lines;
   `text` blocks (outputs, layouts, diagrams) are shown only; any other language, or none, fails;
 - a command block marked `<!-- docs-test: skip (reason) -->` is reported as skipped with its reason (`-ra` lists
@@ -168,7 +169,17 @@ def block_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------------------
 # The tests
 
-PAGES_WITH_COMMANDS = sorted({b.page for b in BLOCKS if b.lang in RUNNABLE and b.marker != "skip"})
+# The site's front page is README.md with its links rewritten (tests/test_docs_site.py): its commands are README's,
+# as test_the_site_front_page_has_the_readmes_commands checks, and run once, as README's.
+SITE_FRONT_PAGE = "docs/index.md"
+
+
+def commands_of(page: str) -> list[Block]:
+    """The blocks of `page` that run, in order."""
+    return [b for b in BLOCKS if b.page == page and b.lang in RUNNABLE and b.marker != "skip"]
+
+
+PAGES_WITH_COMMANDS = sorted({b.page for b in BLOCKS if b.lang in RUNNABLE and b.marker != "skip"} - {SITE_FRONT_PAGE})
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_COMMANDS)
@@ -185,12 +196,19 @@ def test_the_commands_of_a_page_run(
     (tmp_path / ".venv").symlink_to(VENV_BIN.parent)
     table = rewrites(docs_server, root, tmp_path / "cli-cache")
     failures = []
-    for block in (b for b in BLOCKS if b.page == page and b.lang in RUNNABLE and b.marker != "skip"):
+    for block in commands_of(page):
         failure = run_block(block, tmp_path, block_env, table)
         if failure is not None:
             failures.append(failure)
     if failures:
         pytest.fail("\n\n".join(failures), pytrace=False)
+
+
+def test_the_site_front_page_has_the_readmes_commands() -> None:
+    """The commands of docs/index.md are README.md's, in the same order (so README's run covers both pages)."""
+    front, readme = commands_of(SITE_FRONT_PAGE), commands_of("README.md")
+    assert [(b.lang, b.text) for b in front] == [(b.lang, b.text) for b in readme]
+    assert front, "the site's front page has no command: the README's run covers nothing of it"
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.marker == "skip"], ids=_id)
