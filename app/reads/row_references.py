@@ -51,7 +51,7 @@ def reference_batch(
 def layout_document(
     view: EpisodeView, columns: list[str], segments: dict[int, Segment], cache_root: Path, seconds: float
 ) -> dict[str, object]:
-    """The layout of `view`'s rows of `columns`: its runs and the built `segments` (by source file number) of the
+    """The layout of `view`'s rows of `columns`: its runs and the mapped `segments` (by source file number) of the
     files it reads, described relative to `cache_root`, for a client to use for `seconds`."""
     return {
         "seconds": seconds,

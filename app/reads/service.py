@@ -208,13 +208,10 @@ def answer_row_layout(dataset: Dataset, request: RowLayoutRequest) -> dict[str, 
 
     def layout(index: EpisodeIndex) -> dict[str, object]:
         prepared = _prepared(dataset, index, ranges, selection)
-        cameras = prepared.read.cameras
-        asked = prepared.names if prepared.names is not None else list(cameras)
-        camera = next((name for name in asked if name in cameras), None)
-        if camera is not None:
+        if prepared.cameras_asked:
             raise InvalidInput(
-                f"a row layout covers stored columns only; {camera!r} is a camera (name the other columns, and take "
-                "the camera's frames with frames=references)"
+                f"a row layout covers stored columns only; {prepared.cameras_asked[0]!r} is a camera (name the other "
+                "columns, and take the camera's frames with frames=references)"
             )
         return prepared.read.row_layout(prepared.stored)
 
@@ -246,6 +243,12 @@ class _Prepared:
         """The cameras asked for outside windows."""
         windowed = self.spec.offsets if self.spec is not None else {}
         return tuple(n for n in self.names or () if n in self.read.cameras and n not in windowed)
+
+    @property
+    def cameras_asked(self) -> list[str]:
+        """The cameras among the columns asked (every camera when every column is), windowed or not."""
+        cameras = self.read.cameras
+        return [name for name in (self.names if self.names is not None else cameras) if name in cameras]
 
     @property
     def cameras_read(self) -> tuple[str, ...]:
@@ -434,8 +437,7 @@ class _RowReferencePlan(_Plan):
     def __init__(self, values: _TakePlan) -> None:
         self.values, self.read, self.frame_bytes = values, values.read, values.frame_bytes
         prepared = values.prepared
-        asked = prepared.names if prepared.names is not None else self.read.cameras
-        self.referable = prepared.spec is None and len(values.rows) > 0 and not set(asked) & set(self.read.cameras)
+        self.referable = prepared.spec is None and len(values.rows) > 0 and not prepared.cameras_asked
 
     def decide(self) -> bool:
         """Quick when the rows' segments are mapped (the references copy no row); else as the values' take."""
