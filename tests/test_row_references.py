@@ -5,6 +5,7 @@ segment rebuilt since, another directory) still comes right, over HTTP."""
 from __future__ import annotations
 
 import logging
+import pickle
 import shutil
 import time
 from collections.abc import Iterator
@@ -359,3 +360,13 @@ def test_a_take_a_layout_cannot_check_is_checked_by_the_server(server: ServerPro
     local.take("rows", [0, 1], columns=["index"])  # its view's layout is known
     with pytest.raises(episerve.InvalidRequest, match="tolerance_s"):
         local.take("rows", [0, 1], columns=["index"], tolerance_s=-1.0)
+
+
+def test_a_pickled_client_takes_by_layout_as_its_original(root: Path, server: ServerProcess) -> None:
+    local = episerve.Client(server.url, cache_dir=server.cache_dir)
+    selection = episerve.Selection.of("rows", [1, 4], ["index", "note"])
+    view = oracle(root / "rows", [1, 4]).select(["index", "note"])
+    assert local.read_take(selection, [3, 0]).table.equals(view.take(pa.array([3, 0])))  # a layout known
+    copy = pickle.loads(pickle.dumps(local))  # as a spawned DataLoader worker receives it
+    pages = copy.read_take(selection, [5, 2, 5])
+    assert pages.table.equals(view.take(pa.array([5, 2, 5]))) and sum(b.size for b in pages.buffers) == 0

@@ -15,6 +15,7 @@ request as before.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -91,7 +92,15 @@ class RowLayouts:
         self._fetch = fetch
         self._known: OrderedDict[tuple[Any, ...], RowLayout | float] = OrderedDict()  # or until when none is asked
         self._warned: set[tuple[Any, ...]] = set()
+        self._lock = threading.Lock()
         self.supported = True  # False once the server has no layouts (an older one, or EPISERVE_ROW_LAYOUT_S=0)
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy (a spawned DataLoader worker's) asks its own layouts
+        return {"fetch": self._fetch, "supported": self.supported}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["fetch"])  # type: ignore[misc]
+        self.supported = state["supported"]
 
     def current(self, selection: Selection) -> RowLayout | None:
         """The layout of `selection`'s view, asked if not known or old; None where there is none (windows, a
@@ -101,9 +110,11 @@ class RowLayouts:
             return None
         key = _key(selection)
         now = time.monotonic()
-        known = self._known.get(key)
+        with self._lock:  # a DataLoader worker's or a prefetching thread's takes may come at once
+            known = self._known.get(key)
+            if known is not None:
+                self._known.move_to_end(key)
         if known is not None:
-            self._known.move_to_end(key)
             if isinstance(known, RowLayout) and now < known.until:
                 return known
             if isinstance(known, float) and now < known:
@@ -125,15 +136,20 @@ class RowLayouts:
         if found is None:  # the server wants every take asked
             self.supported = False
             return None
-        self._known[key] = found
-        while len(self._known) > _KNOWN_LAYOUTS:
-            self._known.popitem(last=False)
+        self._remember(key, found)
         return found if isinstance(found, RowLayout) else None
 
     def set_aside(self, selection: Selection) -> None:
         """Take `selection`'s rows with requests for a while, then ask its layout again (a file the layout names
         could not be read here)."""
-        self._known[_key(selection)] = time.monotonic() + _REFUSED_SECONDS
+        self._remember(_key(selection), time.monotonic() + _REFUSED_SECONDS)
+
+    def _remember(self, key: tuple[Any, ...], found: RowLayout | float) -> None:
+        with self._lock:
+            self._known[key] = found
+            self._known.move_to_end(key)
+            while len(self._known) > _KNOWN_LAYOUTS:
+                self._known.popitem(last=False)
 
     def _refused(self, key: tuple[Any, ...], error: Exception) -> None:
         if key not in self._warned and not (isinstance(error, ServerError) and error.status == 422):
