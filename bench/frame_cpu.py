@@ -3,9 +3,11 @@
     python -m bench.frame_cpu [--quick] [--sizes photo480,photo224] [--tier jpeg] [--rounds 3] [--samples 1280]
 
 For each photo dataset of P16 (`bench/camera_datasets.py`), a server (2 workers) per setting: `raw` (the raw cache),
-`server` (the JPEG tier `--tier`, decoded by the server) and `client` (the same server, `Client(frames="encoded")`:
-JPEG bytes on the wire, decoded in the DataLoader workers). Each cache is built once with `warm --videos` in the
-work dir and reused. The loader is P16's `EpisodeDataset` (the camera and `index`, batch 64, 2 workers, shuffled).
+`server` (the JPEG tier `--tier`, decoded by the server), `client` (the same server, `Client(frames="encoded")`:
+JPEG bytes on the wire, decoded in the DataLoader workers) and `local` (the same server, `Client(cache_dir=...)`:
+the JPEGs read by reference from the cache's segments and decoded in the DataLoader workers). Each cache is built
+once with `warm --videos` in the work dir and reused. The loader is P16's `EpisodeDataset` (the camera and `index`,
+batch 64, 2 workers, shuffled).
 Per measurement, after one warm-up pass: user + system CPU of the server's process tree, and of this process plus
 its reaped DataLoader workers, over `--samples` samples, in ms per sample, with samples/s. Settings run interleaved
 in `--rounds` rounds, each round starting one setting later. CPU time swings far less than wall-clock time on a
@@ -31,7 +33,7 @@ from bench.figures.p16_frame_tiers import warm_tier
 from bench.processes import EpiserveServer
 
 BATCH, WORKERS = 64, 2
-SETTINGS = ("raw", "server", "client")
+SETTINGS = ("raw", "server", "client", "local")
 
 
 def _tree_seconds(pid: int) -> float:
@@ -51,12 +53,17 @@ def _own_seconds() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
-def _loader(url: str, dataset: str, encoded: bool) -> Any:
+def _loader(url: str, dataset: str, setting: str, cache: Path) -> Any:
     from torch.utils.data import DataLoader
 
     import episerve
 
-    client = episerve.Client(url, frames="encoded") if encoded else episerve.Client(url)
+    if setting == "client":
+        client = episerve.Client(url, frames="encoded")
+    elif setting == "local":
+        client = episerve.Client(url, cache_dir=cache)
+    else:
+        client = episerve.Client(url)
     samples = episerve.EpisodeDataset(client, dataset, columns=[CAMERA, "index"])
     return DataLoader(
         samples,
@@ -118,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             loaders = {}
             for setting in settings:
                 server = servers["raw" if setting == "raw" else args.tier]
-                loaders[setting] = (_loader(server.url, name, setting == "client"), server.pid)
+                cache = workdir / "frame-tiers" / name / (args.tier if setting != "raw" else "raw").replace(":", "-")
+                loaders[setting] = (_loader(server.url, name, setting, cache), server.pid)
                 _draw(loaders[setting][0], samples)  # warm-up: connections, maps, the page cache
             results: dict[str, list[dict[str, float]]] = {setting: [] for setting in settings}
             for round_ in range(args.rounds):

@@ -10,9 +10,11 @@ with `episerve-server warm DATASET --videos` under `EPISERVE_VIDEO_FRAME_TIER` (
 - samples/s, through each of two loaders side by side, both shuffled (batch 64, 2 workers): `EpisodeDataset` (the
   camera and `index`) and `RemoteLeRobotDataset` (LeRobot's whole sample: the camera as float32 in [0, 1], the
   state, the action, the standard columns, `task`); each against a server on demand (AV1 decoded per request, the
-  peer), on the raw cache, on each JPEG tier decoded by the server, and on each JPEG tier with
-  `Client(frames="encoded")` (JPEG bytes on the wire, decoded in the DataLoader workers), each compared with the
-  same loader on demand (or the same loader with the server decoding);
+  peer), on the raw cache, on each JPEG tier decoded by the server, on each JPEG tier with
+  `Client(frames="encoded")` (JPEG bytes on the wire, decoded in the DataLoader workers), and on each JPEG tier on
+  the server's machine with `Client(cache_dir=...)` (the JPEGs read from the cache's segments by reference and
+  decoded in the workers), each compared with the same loader on demand (and `frames="encoded"` also with the
+  same loader with the server decoding);
 - wire bytes per frame of a 64-frame take, pixels and encoded;
 - PSNR of each JPEG tier's frames against the exact frames (LeRobot's decode: the on-demand server's).
 
@@ -67,7 +69,7 @@ def _dataset_rows(ctx: Context, size: CameraSize, dataset: CameraDataset) -> lis
     try:
         for server in servers.values():
             started.append(server.start())
-        loaders = _loaders(dataset, {name: server.url for name, server in servers.items()})
+        loaders = _loaders(dataset, {name: server.url for name, server in servers.items()}, caches)
         samples = min(ctx.scale.p9.samples, dataset.rows - 2 * BATCH)
         measured = in_rounds(partial(_speed, loaders, samples), list(loaders), ctx.scale.rounds)
         wire = {tier: _wire_bytes(servers[tier].url, dataset) for tier in JPEG_TIERS}
@@ -102,9 +104,25 @@ def _dataset_rows(ctx: Context, size: CameraSize, dataset: CameraDataset) -> lis
             *_speed_rows(
                 f"{case}, {tier}, client decodes (frames=encoded)",
                 f"{tier} encoded",
+                "on demand",
+                "on-demand AV1",
+                target,
+                measured,
+            ),
+            *_speed_rows(
+                f"{case}, {tier}, client decodes (frames=encoded)",
+                f"{tier} encoded",
                 tier,
                 "the server decoding",
                 0.8,
+                measured,
+            ),
+            *_speed_rows(
+                f"{case}, {tier}, same machine (cache_dir=, client decodes)",
+                f"{tier} local",
+                "on demand",
+                "on-demand AV1",
+                target,
                 measured,
             ),
             Row(
@@ -166,9 +184,10 @@ def warm_tier(dataset: CameraDataset, cache: Path, tier: str, log_path: Path) ->
     return sum(path.stat().st_size for path in cache.rglob("frames/*.arrow"))
 
 
-def _loaders(dataset: CameraDataset, urls: dict[str, str]) -> dict[tuple[str, str], Any]:
+def _loaders(dataset: CameraDataset, urls: dict[str, str], caches: dict[str, Path]) -> dict[tuple[str, str], Any]:
     """(loader, server setting) -> a shuffled DataLoader of that loader against that server, for every loader of
-    `LOADERS` and every setting (the servers of `urls`, and each JPEG tier's with `frames="encoded"`)."""
+    `LOADERS` and every setting (the servers of `urls`; each JPEG tier's with `frames="encoded"`, and on the
+    server's machine with `cache_dir=` its cache in `caches`, the JPEGs read from the segments by reference)."""
     from torch.utils.data import DataLoader
 
     import episerve
@@ -190,6 +209,7 @@ def _loaders(dataset: CameraDataset, urls: dict[str, str]) -> dict[tuple[str, st
         for tier in JPEG_TIERS:
             loaders[name, tier] = loader(name, urls[tier])
             loaders[name, f"{tier} encoded"] = loader(name, episerve.Client(urls[tier], frames="encoded"))
+            loaders[name, f"{tier} local"] = loader(name, episerve.Client(urls[tier], cache_dir=caches[tier]))
     return loaders
 
 
