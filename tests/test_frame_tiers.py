@@ -241,6 +241,51 @@ def test_the_client_decodes_encoded_frames_in_dataloader_workers(jpeg_server: Se
         episerve.Client(jpeg_server.url, frames="png")
 
 
+def test_jpeg_frames_reach_the_batch_undecoded_and_decode_jpeg_gives_the_tiers_pixels(
+    jpeg_server: ServerProcess, video_root: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from episerve.lerobot import RemoteLeRobotDataset
+
+    columns = ["episode_index", "frame_index", TOP_CAMERA]
+    with episerve.Client(jpeg_server.url) as client:
+        expected = client.take("cams-v3", list(range(48)), episodes="0-8", columns=columns)
+    # Through DataLoader workers, and from a client that could read the segments by reference: over HTTP, as bytes.
+    undecoded = episerve.Client(jpeg_server.url, frames="jpeg", cache_dir=jpeg_server.cache_dir)
+    dataset = episerve.EpisodeDataset(undecoded, "cams-v3", episodes="0-8", columns=columns)
+    loader = DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=episerve.collate)
+    seen = [batch for _, batch in zip(range(3), loader, strict=False)]
+    for batch in seen:
+        assert isinstance(batch[TOP_CAMERA], list) and len(batch[TOP_CAMERA]) == 16
+        assert all(isinstance(data, bytes) and data[:2] == b"\xff\xd8" for data in batch[TOP_CAMERA])  # JPEG SOI
+    frames = torch.cat([episerve.decode_jpeg(batch[TOP_CAMERA]) for batch in seen])
+    reference = pixels(expected, TOP_CAMERA).transpose(0, 3, 1, 2)  # channels-first, as LeRobot
+    assert frames.dtype == torch.uint8 and frames.is_contiguous()
+    assert np.array_equal(frames.numpy(), reference)
+    assert torch.cat([batch["frame_index"] for batch in seen]).tolist() == expected["frame_index"].to_pylist()
+    # The same bytes as a take of the tier's encoded frames; a raw-tier dataset's are a JPEG of the exact frames.
+    taken = undecoded.take("cams-v3", [5, 1], episodes="0-8", columns=[TOP_CAMERA])
+    with httpx.Client(base_url=jpeg_server.url, timeout=60) as http:
+        body = {"indices": [5, 1], "episodes": "0-8", "columns": [TOP_CAMERA], "frames": "encoded"}
+        wire = read_stream(http.post("/datasets/cams-v3/rows/take", json=body).content)
+    assert taken[TOP_CAMERA].to_pylist() == wire[TOP_CAMERA].to_pylist()
+    raw = undecoded.take("cams-v21", [0, 9], columns=[*ROWS, TOP_CAMERA])
+    decoded = episerve.decode_jpeg(raw[TOP_CAMERA].to_pylist()).numpy().transpose(0, 2, 3, 1)
+    assert psnr(decoded, exact(video_root / "cams-v21", TOP_CAMERA, raw)) >= 35
+    # Clear errors: LeRobot's samples need pixels, frames must be there, CUDA must be.
+    with pytest.raises(ValueError, match="frames='encoded'"):
+        RemoteLeRobotDataset(episerve.Client(jpeg_server.url, frames="jpeg"), "cams-v3")
+    with pytest.raises(episerve.EpiserveError, match="row 1 came without a frame"):
+        episerve.decode_jpeg([taken[TOP_CAMERA][0].as_py(), None])
+    if not torch.cuda.is_available():
+        with pytest.raises(episerve.EpiserveError, match="no CUDA device"):
+            episerve.decode_jpeg(taken[TOP_CAMERA].to_pylist(), device="cuda")
+    assert episerve.decode_jpeg([]).shape == (0,)
+    undecoded.close()
+
+
 def test_a_tier_switch_on_a_warm_cache_serves_the_new_tier_never_the_old_frames(
     video_root: Path, tmp_path: Path
 ) -> None:

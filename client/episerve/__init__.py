@@ -3,7 +3,8 @@
 `Client` speaks the HTTP API and returns `pyarrow.Table`s. `EpisodeDataset` (map-style, one request per batch)
 and `EpisodeIterableDataset` (streamed chunks, sharded and resumable) feed a torch `DataLoader`; `collate` is the
 `collate_fn` that passes their batches through whole. A `Mixture` of weighted datasets is read as one by
-`MixtureDataset` and `MixtureIterableDataset` (or wherever a dataset id is accepted).
+`MixtureDataset` and `MixtureIterableDataset` (or wherever a dataset id is accepted). `decode_jpeg` decodes the
+camera frames of a `Client(frames="jpeg")` batch, on the GPU where there is one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from episerve._client import Client, __version__
 from episerve._collate import Batch, collate
+from episerve._encoded_frames import decode_jpeg
 from episerve._errors import (
     ConnectionFailed,
     EpiserveError,
@@ -60,6 +62,7 @@ __all__ = [
     "Unavailable",
     "__version__",
     "collate",
+    "decode_jpeg",
 ]
 
 

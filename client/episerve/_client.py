@@ -76,6 +76,9 @@ class Client:
     camera frames (those without windows) as JPEG bytes and decodes them in this process (the `jpeg` extra): a
     480x640 frame crosses the network in a tenth of its raw bytes or less, and the trainer's cores decode, not the
     server's; the frames are lossy unless the dataset's frame tier is JPEG already (then they equal its pixels).
+    `frames="jpeg"` asks for them the same way but leaves them JPEG bytes (a list of `bytes` per camera in a
+    batch) for the trainer to decode, with `episerve.decode_jpeg(frames, device="cuda")` on the GPU; they come
+    over HTTP even with `cache_dir`.
     Server errors are raised as
     `ServerError` subclasses; a server that stays unreachable raises `ConnectionFailed`. Safe to use from several
     threads, to pickle, and across `fork`. Use it as a context manager or call `close()`.
@@ -235,7 +238,7 @@ class Client:
             except TooLarge as exc:
                 self._page_rows = _smaller_limit(exc, page_stop - position)
                 continue
-            body = _arrow_body(response, selection.dataset_id)
+            body = _arrow_body(response, selection.dataset_id, self.frames)
             bodies.append(body)
             total, served_stop = int(response.headers["x-total-rows"]), int(response.headers["x-stop"])
             end = total if stop is None else min(stop, total)
@@ -316,7 +319,7 @@ class Client:
         """The tables of a `POST /takes` answer (its streams, one after another), their buffer and view lengths."""
         body = _arrow_body_buffer(response, "the takes")
         reader = pa.BufferReader(body)
-        tables = [decoded_frames(pa.ipc.open_stream(reader).read_all()) for _ in range(takes)]
+        tables = [decoded_frames(pa.ipc.open_stream(reader).read_all(), self.frames) for _ in range(takes)]
         totals = [int(total) for total in response.headers["x-total-rows"].split(",")]
         if reader.tell() != body.size or len(totals) != takes:
             raise EpiserveError(f"the server answered {takes} takes with another number of streams")
@@ -334,13 +337,13 @@ class Client:
         if references:
             response = self._send_for_references(path, payload | references)
             if response is not None:
-                body = _arrow_body(response, selection.dataset_id)
+                body = _arrow_body(response, selection.dataset_id, self.frames)
                 resolved = self._resolved([body.table], references)
                 if resolved is not None:
                     table, arrays = resolved[0]
                     return ArrowBody(table, body.buffer, arrays), int(response.headers["x-total-rows"])
         response = self._send("POST", path, body=payload, arrow=True)
-        return _arrow_body(response, selection.dataset_id), int(response.headers["x-total-rows"])
+        return _arrow_body(response, selection.dataset_id, self.frames), int(response.headers["x-total-rows"])
 
     def _taken_here(self, selection: Selection, page: np.ndarray) -> tuple[ArrowBody, int] | None:
         """The rows at view positions `page` gathered from `cache_dir` by the view's layout (`episerve._row_layouts`),
@@ -382,7 +385,7 @@ class Client:
         fields = {}
         if self.local_rows is not None and self.local_rows.in_use:
             fields["rows"] = "references"
-        if self.local_frames is not None and self.local_frames.in_use:
+        if self.local_frames is not None and self.local_frames.in_use and self.frames != "jpeg":
             fields["frames"] = "references"
         return fields
 
@@ -436,7 +439,7 @@ class Client:
         if self.compression is not None:
             fields["compression"] = self.compression
         if self.frames != "pixels":
-            fields["frames"] = self.frames
+            fields["frames"] = "encoded"  # "jpeg" too: the same bytes, left undecoded here
         return fields
 
     # --- sending ---------------------------------------------------------------------------------------------
@@ -583,9 +586,9 @@ def _query_value(name: str, value: Any) -> Any:
     return value
 
 
-def _arrow_body(response: Response, dataset_id: str) -> ArrowBody:
+def _arrow_body(response: Response, dataset_id: str, frames: str) -> ArrowBody:
     body = _arrow_body_buffer(response, f"dataset {dataset_id!r}")
-    return ArrowBody(decoded_frames(pa.ipc.open_stream(body).read_all()), body)
+    return ArrowBody(decoded_frames(pa.ipc.open_stream(body).read_all(), frames), body)
 
 
 def _arrow_body_buffer(response: Response, what: str) -> pa.Buffer:

@@ -207,6 +207,11 @@ def _is_camera(kind: pa.DataType) -> bool:
     return len(shape) in (3, 4) and shape[-1] in (1, 3, 4)
 
 
+def channels_first(frames: np.ndarray) -> np.ndarray:
+    """Frames `(rows, H, W, C)` as a new contiguous `(rows, C, H, W)` array (see `_frames_channels_first`)."""
+    return _frames_channels_first([frames], np.empty, None)
+
+
 def _frames_channels_first(parts: list[np.ndarray], empty: Allocate, order: np.ndarray | None) -> np.ndarray:
     """Frames `(rows, ..., H, W, C)` in one or more parts as one contiguous `(rows, ..., C, H, W)` array from
     `empty` (rows in `order` if given), as decoded images come. One plane at a time: a copy per channel with a

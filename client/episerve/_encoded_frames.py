@@ -1,5 +1,7 @@
 """Camera frames that came encoded (`Client(frames="encoded")`): decoded here, in the process that reads them (a
-DataLoader worker), so the server's cores and the network carry JPEG bytes instead of raw pixels.
+DataLoader worker), so the server's cores and the network carry JPEG bytes instead of raw pixels. With
+`Client(frames="jpeg")` they stay JPEG bytes into the batch, for the trainer to decode (`decode_jpeg`: on the GPU
+with nvJPEG, through torchvision).
 
 The server marks an encoded camera column by its field metadata (`episerve.encoding`, `shape`); each such column
 becomes the fixed-shape uint8 (H, W, C) tensor column the server would have sent as pixels, so everything after the
@@ -13,18 +15,22 @@ fifth of a 480x640 decode on these machines, and a batch's block is tens of MB.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from episerve._columns import channels_first
 from episerve._errors import EpiserveError
 from episerve._extras import install_hint
 
 ENCODING_KEY, SHAPE_KEY = b"episerve.encoding", b"shape"
-FRAMES = ("pixels", "encoded")
+FRAMES = ("pixels", "encoded", "jpeg")  # a Client's `frames`: "jpeg" is "encoded" on the wire, left undecoded
 
 
 def is_encoded_camera(field: pa.Field) -> bool:
@@ -32,12 +38,92 @@ def is_encoded_camera(field: pa.Field) -> bool:
     return field.metadata is not None and ENCODING_KEY in field.metadata and pa.types.is_binary(field.type)
 
 
-def decoded_frames(table: pa.Table) -> pa.Table:
-    """`table` with every encoded camera column decoded into uint8 (H, W, C) tensors (the same table if none)."""
+def decoded_frames(table: pa.Table, frames: str = "encoded") -> pa.Table:
+    """`table` with every encoded camera column decoded into uint8 (H, W, C) tensors (the same table if none); for
+    a client with `frames="jpeg"`, left as they came (each checked to be JPEG), one `bytes` per row."""
     for position, field in enumerate(table.schema):
-        if is_encoded_camera(field):
-            table = table.set_column(position, field.name, _decoded_column(field, table.column(position)))
+        if not is_encoded_camera(field):
+            continue
+        if frames == "jpeg":
+            if field.metadata[ENCODING_KEY] != b"jpeg":
+                raise EpiserveError(f"camera {field.name!r} came encoded as {field.metadata[ENCODING_KEY]!r}")
+            continue
+        table = table.set_column(position, field.name, _decoded_column(field, table.column(position)))
     return table
+
+
+def require_pixels(frames: str, reader: str) -> None:
+    """Raise a ValueError when a client's `frames` leaves camera frames undecoded for `reader`, which needs pixels."""
+    if frames == "jpeg":
+        raise ValueError(
+            f"{reader} builds samples from camera pixels, and a Client(frames='jpeg') leaves them JPEG bytes: "
+            "use Client(frames='encoded') (decoded in the DataLoader workers)"
+        )
+
+
+def decode_jpeg(frames: Sequence[bytes | None], *, device: Any = None) -> Any:
+    """A batch's JPEG camera frames (one camera of a `Client(frames="jpeg")` batch: a list of `bytes`, one per
+    sample) as one uint8 `(N, C, H, W)` torch tensor on `device`, the pixels a `frames="encoded"` batch holds.
+
+    On a CUDA device nvJPEG decodes the whole batch on the GPU (`torchvision.io.decode_jpeg`; its pixels may differ
+    from libjpeg-turbo's by a level here and there); on any other device libjpeg-turbo decodes them here, through
+    `simplejpeg` with the accurate DCT and upsampling, as `frames="encoded"` does, and the tensor is moved there.
+    Every frame must have the same size. An empty batch gives an empty `(0,)` tensor.
+    """
+    torch = _torch()
+    target = torch.device(device) if device is not None else torch.device("cpu")
+    if len(frames) == 0:
+        return torch.empty((0,), dtype=torch.uint8, device=target)
+    for row, data in enumerate(frames):
+        if data is None:
+            raise EpiserveError(f"row {row} came without a frame")
+    if target.type == "cuda":
+        return _decoded_on_gpu(torch, frames, target)  # type: ignore[arg-type]
+    simplejpeg = _simplejpeg()
+    height, width, _, _ = simplejpeg.decode_jpeg_header(frames[0])
+    decoded = np.empty((len(frames), height, width, 3), dtype=np.uint8)
+    for row, data in enumerate(frames):
+        image = simplejpeg.decode_jpeg(
+            np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False, buffer=decoded[row]
+        )
+        if image.shape != decoded.shape[1:]:
+            raise EpiserveError(f"row {row} is a {image.shape} frame, not {decoded.shape[1:]} as row 0")
+    return torch.from_numpy(channels_first(decoded)).to(target)
+
+
+def _decoded_on_gpu(torch: Any, frames: Sequence[bytes], device: Any) -> Any:
+    if not torch.cuda.is_available():
+        raise EpiserveError(f"cannot decode on {device}: this torch sees no CUDA device")
+    try:
+        from torchvision.io import ImageReadMode
+        from torchvision.io import decode_jpeg as decode_on_device
+    except ImportError as exc:
+        raise ImportError("decoding JPEG frames on the GPU needs torchvision: pip install torchvision") from exc
+    # One copy of the batch's bytes into one writable buffer, sliced per frame (torch wants writable memory).
+    joined = torch.frombuffer(bytearray(b"".join(frames)), dtype=torch.uint8)
+    bounds = np.cumsum([0, *(len(data) for data in frames)]).tolist()
+    pieces = [joined[start:stop] for start, stop in itertools.pairwise(bounds)]
+    images = decode_on_device(pieces, mode=ImageReadMode.RGB, device=device)
+    if len({tuple(image.shape) for image in images}) > 1:
+        raise EpiserveError("the frames of a batch differ in size: decode them one at a time")
+    return torch.stack(images)
+
+
+def _torch() -> Any:
+    from episerve._output_torch import torch_module
+
+    torch = torch_module()
+    if torch is None:
+        raise ImportError(f"decode_jpeg returns torch tensors: {install_hint('torch', 'jpeg')}")
+    return torch
+
+
+def _simplejpeg() -> Any:
+    try:
+        import simplejpeg
+    except ImportError as exc:
+        raise ImportError(f"encoded camera frames need simplejpeg: {install_hint('jpeg')}") from exc
+    return simplejpeg
 
 
 def _decoded_column(field: pa.Field, column: pa.ChunkedArray) -> pa.Array:
@@ -49,10 +135,7 @@ def decode_frames(name: str, encoding: str, shape: tuple[int, ...], column: pa.C
     """Camera `name`'s encoded frames (a binary column) as a uint8 (H, W, C) tensor column of `shape`."""
     if encoding != "jpeg":
         raise EpiserveError(f"camera {name!r} came encoded as {encoding!r}; this client decodes jpeg only")
-    try:
-        import simplejpeg
-    except ImportError as exc:
-        raise ImportError(f"encoded camera frames need simplejpeg: {install_hint('jpeg')}") from exc
+    simplejpeg = _simplejpeg()
     frames = _BLOCKS.empty((len(column), *shape))
     row = 0
     for chunk in column.chunks:

@@ -17,6 +17,7 @@ from typing import Any
 from episerve._client import Client, connect
 from episerve._collate import collate
 from episerve._dataset import EpisodeDataset
+from episerve._encoded_frames import require_pixels
 from episerve._episodes import episode_count
 from episerve._output_lerobot import LeRobotFormatter
 from episerve._outputs import formatter
@@ -78,6 +79,7 @@ class RemoteLeRobotDataset(EpisodeDataset):
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         client = connect(url, token, retries, cache_dir)
+        require_pixels(client.frames, "RemoteLeRobotDataset")
         self.repo_id = repo_id
         meta = RemoteLeRobotDatasetMetadata(client, repo_id, root=root, revision=revision)
         stored = [name for name in meta.columns if name not in meta.video_keys]

@@ -24,6 +24,7 @@ import numpy as np
 
 from episerve._client import Client, connect
 from episerve._collate import Batch, collate
+from episerve._encoded_frames import require_pixels
 from episerve._mixture import Mixture
 from episerve._mixture_dataset import MixtureSource
 from episerve._plan import MixturePlan
@@ -80,6 +81,7 @@ class RemoteLeRobotMixture(_Base):  # type: ignore[misc]
         epoch_size: int | None = None,
     ) -> None:
         self.client = connect(url, token, retries, cache_dir)
+        require_pixels(self.client.frames, "RemoteLeRobotMixture")
         self.mixture, self.repo_id, self.repo_ids = lerobot_mixture(self.client, repo_id, episodes)
         meta = RemoteLeRobotMixtureMetadata(
             self.client, self.mixture, self.repo_id, root=root, revision=revision, epoch_size=epoch_size
