@@ -274,6 +274,18 @@ def test_jpeg_frames_reach_the_batch_undecoded_and_decode_jpeg_gives_the_tiers_p
     raw = undecoded.take("cams-v21", [0, 9], columns=[*ROWS, TOP_CAMERA])
     decoded = episerve.decode_jpeg(raw[TOP_CAMERA].to_pylist()).numpy().transpose(0, 2, 3, 1)
     assert psnr(decoded, exact(video_root / "cams-v21", TOP_CAMERA, raw)) >= 35
+    # A mixture of both tiers' datasets: the same pixels as its batches with frames decoded in the workers.
+    mixture = episerve.Mixture([{"dataset": "cams-v3", "weight": 2}, {"dataset": "cams-v21", "weight": 1}])
+    mixed = {}
+    for frames in ("encoded", "jpeg"):
+        sampled = episerve.MixtureDataset(
+            episerve.Client(jpeg_server.url, frames=frames), mixture, columns=[TOP_CAMERA], epoch_size=48, seed=5
+        )
+        batches = list(DataLoader(sampled, batch_size=16, num_workers=2, collate_fn=episerve.collate))
+        mixed[frames] = [batch[TOP_CAMERA] for batch in batches]
+    assert all(isinstance(frames, list) for frames in mixed["jpeg"])
+    decoded_mixture = torch.cat([episerve.decode_jpeg(frames) for frames in mixed["jpeg"]])
+    assert torch.equal(decoded_mixture, torch.cat(mixed["encoded"]))
     # Clear errors: LeRobot's samples need pixels, frames must be there, CUDA must be.
     with pytest.raises(ValueError, match="frames='encoded'"):
         RemoteLeRobotDataset(episerve.Client(jpeg_server.url, frames="jpeg"), "cams-v3")
@@ -363,8 +375,16 @@ def test_encoded_frames_are_the_same_bytes_cold_and_from_the_jpeg_segments(video
         cold = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content)  # decoded on demand
         eventually(lambda: len(frame_segment_bytes(cache)) == 1, 60)
         warm = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content)  # the segment's bytes
+        # Rows of a built file and of one not built yet in one answer: each frame still the bytes the tier keeps
+        # (never a JPEG of the built file's decoded JPEGs).
+        query = {"episodes": "3,5", "columns": f"frame_index,{TOP_CAMERA}", "frames": "encoded"}
+        half_built = read_stream(http.get("/datasets/cams-v21/rows", params=query).content)
+        eventually(lambda: len(frame_segment_bytes(cache)) == 2, 60)
+        built = read_stream(http.get("/datasets/cams-v21/rows", params=query).content)
     assert cold[TOP_CAMERA].to_pylist() == warm[TOP_CAMERA].to_pylist()
     assert cold.schema.field(TOP_CAMERA).metadata == warm.schema.field(TOP_CAMERA).metadata
+    assert half_built.num_rows == built.num_rows > 0
+    assert half_built[TOP_CAMERA].to_pylist() == built[TOP_CAMERA].to_pylist()
 
 
 def test_segments_of_both_tiers_are_evicted_least_recently_used_first_under_one_budget(tmp_path: Path) -> None:

@@ -210,7 +210,7 @@ class ViewRead:
         built (the tier's round trip as raw pixels, `app.sources.frame_tiers.HotPixels`), else its tier's own
         (`frame_segment`); None: decode on demand. A touch of a file of an encoded tier queues its hot segment's
         build where the policy builds on first touch and the hot budget has room. Without `hot`, the tier's own
-        segment only (pixels to encode again must not have been encoded once already)."""
+        segment only."""
         segment = self._hot_segment(path, feature) if hot else None
         if segment is not None:
             return KeptFrames(segment, hot_camera(feature))
@@ -373,7 +373,8 @@ class ViewRead:
     ) -> np.ndarray:
         """The frames of `feature` for the `located` rows in request order, checked against the tolerance. Each
         frame is written once: copied from the decoded-frame segment's memory map (or left pending, to be sent from
-        the map) or converted from the decoder straight into the result."""
+        the map) or converted from the decoder straight into the result. With `exact`, the exact frames even under
+        a lossy tier (to be encoded as its build encodes them), not the tier's round trip."""
         order = located.order
         times_of = frame_times(self.dataset.source(), feature, located.episodes, located.timestamps)
         frames = FRAME_BLOCKS.empty((len(order), feature.height, feature.width, feature.channels))
@@ -390,7 +391,9 @@ class ViewRead:
                 picture_of_row[here] = back
                 positions = np.flatnonzero(file_of_position == file)
                 picks = picture_of_row[order[positions]]  # which of `times` each of `positions` shows
-            kept = self.pixel_segment(path, feature, hot=not exact)
+            # Exact pixels come from a segment of exact frames (a raw tier's) or from the source, never from an
+            # encoded tier's segments or their hot layer: those hold its round trip.
+            kept = None if exact and feature.tier.lossy else self.pixel_segment(path, feature, hot=not exact)
             if kept is None:
                 if not self.may_block:
                     raise WouldBlock("camera frames are decoded off the event loop")
