@@ -1,6 +1,6 @@
 """Run every benchmark figure with its peers and print one Markdown table.
 
-    python -m bench.run [--quick] [--workdir DIR] [--only P1,P2] [--output FILE] [--clean]
+    python -m bench.run [--quick] [--workdir DIR] [--only P1,P2] [--contents photo,aloha] [--output FILE] [--clean]
     python -m bench.run --compare REF [--only P1,P2,P3,P9,P12] [--rounds 3] [--quick]   (the regression guard)
 
 Steps: generate (or reuse) the datasets in the work dir; convert them once for the peers (an Arrow IPC file for
@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench.config import MODES
@@ -105,6 +105,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="the regression guard: run the figures (default P1,P2,P3,P9,P12) at commit REF and at the working tree, "
         "interleaved, print both with their ratio and exit 1 where a figure lost more than its spread "
         "(see bench/compare.py)",
+    )
+    parser.add_argument(
+        "--contents",
+        help="the camera figures (P9, P10, P16) only on datasets of these comma-separated contents: synthetic, "
+        "photo, aloha (default: every one the figure measures)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="--compare: interleaved runs a side (default 3)")
     parser.add_argument("--rows-json", type=Path, help=argparse.SUPPRESS)  # the rows as JSON, for --compare
@@ -190,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     cold, warm, own = _figures()
     ctx = prepare(mode, args.workdir.resolve() / mode, tabular=only is None or bool(only - set(own)))
+    if args.contents:
+        contents = [content.strip() for content in args.contents.split(",")]
+        ctx.scale = replace(ctx.scale, p9=replace(ctx.scale.p9, datasets=ctx.scale.p9.of(*contents)))
     rows: list[Row] = []
     for figure, run in cold.items():
         if only is None or figure in only:
