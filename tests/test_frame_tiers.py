@@ -274,6 +274,24 @@ def test_jpeg_frames_reach_the_batch_undecoded_and_decode_jpeg_gives_the_tiers_p
     raw = undecoded.take("cams-v21", [0, 9], columns=[*ROWS, TOP_CAMERA])
     decoded = episerve.decode_jpeg(raw[TOP_CAMERA].to_pylist()).numpy().transpose(0, 2, 3, 1)
     assert psnr(decoded, exact(video_root / "cams-v21", TOP_CAMERA, raw)) >= 35
+    # Streamed in chunks by the iterable dataset: the same.
+    streamed = episerve.EpisodeIterableDataset(undecoded, "cams-v3", episodes="0-1", columns=columns, chunk_rows=40)
+    chunks = list(DataLoader(streamed, batch_size=16, num_workers=2, collate_fn=episerve.collate))
+    with episerve.Client(jpeg_server.url) as client:
+        whole = client.rows("cams-v3", episodes="0-1", columns=columns)
+    position_of = {
+        (episode, frame): n
+        for n, (episode, frame) in enumerate(
+            zip(whole["episode_index"].to_pylist(), whole["frame_index"].to_pylist(), strict=True)
+        )
+    }
+    for batch in chunks:
+        assert all(isinstance(data, bytes) for data in batch[TOP_CAMERA])
+        decoded_chunk = episerve.decode_jpeg(batch[TOP_CAMERA]).numpy().transpose(0, 2, 3, 1)
+        rows_read = zip(batch["episode_index"].tolist(), batch["frame_index"].tolist(), strict=True)
+        positions = [position_of[row] for row in rows_read]
+        assert np.array_equal(decoded_chunk, pixels(whole, TOP_CAMERA)[positions])
+    assert sum(len(batch[TOP_CAMERA]) for batch in chunks) == whole.num_rows
     # A mixture of both tiers' datasets: the same pixels as its batches with frames decoded in the workers.
     mixture = episerve.Mixture([{"dataset": "cams-v3", "weight": 2}, {"dataset": "cams-v21", "weight": 1}])
     mixed = {}
