@@ -385,6 +385,28 @@ def test_a_client_on_the_same_machine_reads_jpeg_segments_by_reference(jpeg_serv
     local.close()
 
 
+def test_encoded_frames_are_the_servers_encoding_on_the_same_machine_too(jpeg_server: ServerProcess) -> None:
+    """A raw tier's segments hold exact frames: a client with `cache_dir` asking for encoded frames still gets the
+    JPEG the server encodes, by take and by slice, the same as over HTTP alone."""
+    columns, indices = [*ROWS, TOP_CAMERA], list(range(10))
+    body = {"indices": indices, "episodes": "0-1", "columns": columns, "frames": "references"}
+    with httpx.Client(base_url=jpeg_server.url, timeout=120) as http:
+        http.get("/datasets/cams-v21/rows", params={"episodes": "0-1", "columns": ",".join(columns)})  # builds
+
+        def referable() -> bool:
+            field = read_stream(http.post("/datasets/cams-v21/rows/take", json=body).content).schema.field(TOP_CAMERA)
+            return field.metadata is not None and b"episerve.frames" in field.metadata
+
+        eventually(referable, 120)
+    with episerve.Client(jpeg_server.url, frames="encoded") as over_http:
+        expected = over_http.take("cams-v21", indices, episodes="0-1", columns=columns)
+    with episerve.Client(jpeg_server.url, frames="encoded", cache_dir=jpeg_server.cache_dir) as local:
+        assert local.take("cams-v21", indices, episodes="0-1", columns=columns).equals(expected)
+        assert local.rows("cams-v21", episodes="0-1", columns=columns).slice(0, len(indices)).equals(expected)
+    with episerve.Client(jpeg_server.url) as exact_frames:
+        assert not exact_frames.take("cams-v21", indices, episodes="0-1", columns=columns).equals(expected)
+
+
 def test_encoded_frames_are_the_same_bytes_cold_and_from_the_jpeg_segments(video_root: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     body = {"episodes": [3], "indices": [0, 7, 2, 7], "columns": [*ROWS, TOP_CAMERA], "frames": "encoded"}

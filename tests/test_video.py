@@ -338,6 +338,38 @@ def test_a_rewritten_video_file_invalidates_exactly_its_frame_segment(video_root
     assert after[rewritten]["ctime_ns"] > before[rewritten]["ctime_ns"]
 
 
+def test_a_slices_etag_changes_with_its_video_files_and_the_served_frame_size(video_root: Path, tmp_path: Path) -> None:
+    """A conditional `/rows` read is 304 only while its frames are the same: a video file replaced under unchanged
+    data files, or frames served at another size, answer 200 with the new frames."""
+    import av
+
+    from app.demo_video import encode_episode
+
+    root = tmp_path / "root"
+    shutil.copytree(video_root / "cams-v21", root / "cams")
+    video = root / "cams" / "videos/chunk-000" / TOP_CAMERA / "episode_000002.mp4"
+    query = {"episodes": "2", "stop": "10", "columns": f"episode_index,frame_index,{TOP_CAMERA}"}
+    with ServerProcess([root], tmp_path / "cache") as server, server.client() as http:
+        before = http.get("/datasets/cams/rows", params=query)
+        etag = before.headers["etag"]
+        assert http.get("/datasets/cams/rows", params=query, headers={"If-None-Match": etag}).status_code == 304
+        old = served_frames(read_stream(before.content), TOP_CAMERA)
+        with av.open(str(video)) as container:  # the same frame count, other pixels
+            frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+        video.write_bytes(encode_episode(255 - frames, 30))
+        after = http.get("/datasets/cams/rows", params=query, headers={"If-None-Match": etag})
+        assert after.status_code == 200 and after.headers["etag"] != etag
+        table = read_stream(after.content)
+        assert np.array_equal(served_frames(table, TOP_CAMERA), expected_frames(root / "cams", TOP_CAMERA, table))
+        assert not np.array_equal(served_frames(table, TOP_CAMERA), old)
+        etag = after.headers["etag"]
+    env = {"EPISERVE_VIDEO_CACHE_SIZE": "32x48"}
+    with ServerProcess([root], tmp_path / "cache", env=env) as server, server.client() as http:
+        resized = http.get("/datasets/cams/rows", params=query, headers={"If-None-Match": etag})
+        assert resized.status_code == 200 and resized.headers["etag"] != etag
+        assert served_frames(read_stream(resized.content), TOP_CAMERA).shape[1:] == (32, 48, 3)
+
+
 def test_responses_over_the_frame_byte_limit_are_413_stating_the_rows_that_fit_and_the_client_pages(
     video_root: Path, tmp_path: Path
 ) -> None:

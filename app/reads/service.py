@@ -339,7 +339,9 @@ class _SlicePlan(_Plan):
         request, read = self.of.request, self.read
         query = [format_ranges(self.of.ranges) if self.of.ranges else "*", self.lo, self.hi]
         query += [request.columns, request.windows(), request.compression, request.frame_size, request.frames]
-        query += [camera.tier for camera in read.cameras.values()]  # a tier switch changes the pixels
+        # A tier switch, another served size or a video file replaced changes the frames, not the index's digest.
+        query += [(camera.tier, camera.shape) for camera in read.cameras.values()]
+        query += self._video_files()
         return {
             "ETag": f'"{read.index.digest}-{hashlib.sha256("|".join(map(str, query)).encode()).hexdigest()[:16]}"',
             "X-Total-Rows": str(len(read.view)),
@@ -347,6 +349,15 @@ class _SlicePlan(_Plan):
             "X-Stop": str(self.hi),
             "Cache-Control": "no-cache",
         }
+
+    def _video_files(self) -> list[dict[str, object]]:
+        """The fingerprints of the video files the slice's cameras are read from, in a stable order."""
+        cameras = self.prepared.cameras_read
+        if not cameras or self.hi <= self.lo:
+            return []
+        files = self.read.video_files(RowsNeeded(range(self.lo, self.hi), self.prepared.stored, False, cameras))
+        fingerprint = self.read.dataset.frames.file_fingerprint
+        return [fingerprint(path).to_dict() for key in sorted(files) for path in sorted(files[key])]
 
     def answer(self) -> Answer | NotModified:
         """View rows [lo, hi) as zero-copy batches, windowed columns gathered in place of the stored ones."""

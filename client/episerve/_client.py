@@ -77,8 +77,9 @@ class Client:
     480x640 frame crosses the network in a tenth of its raw bytes or less, and the trainer's cores decode, not the
     server's; the frames are lossy unless the dataset's frame tier is JPEG already (then they equal its pixels).
     `frames="jpeg"` asks for them the same way but leaves them JPEG bytes (a list of `bytes` per camera in a
-    batch) for the trainer to decode, with `episerve.decode_jpeg(frames, device="cuda")` on the GPU; they come
-    over HTTP even with `cache_dir`.
+    batch) for the trainer to decode, with `episerve.decode_jpeg(frames, device="cuda")` on the GPU. Encoded
+    frames come over HTTP even with `cache_dir` (the default `frames="pixels"` reads a JPEG tier's segments by
+    reference and decodes them here).
     Server errors are raised as
     `ServerError` subclasses; a server that stays unreachable raises `ConnectionFailed`. Safe to use from several
     threads, to pickle, and across `fork`. Use it as a context manager or call `close()`.
@@ -385,7 +386,8 @@ class Client:
         fields = {}
         if self.local_rows is not None and self.local_rows.in_use:
             fields["rows"] = "references"
-        if self.local_frames is not None and self.local_frames.in_use and self.frames != "jpeg":
+        # Encoded frames come as the server encodes them: a raw tier's segments would give the exact frames instead.
+        if self.local_frames is not None and self.local_frames.in_use and self.frames == "pixels":
             fields["frames"] = "references"
         return fields
 
