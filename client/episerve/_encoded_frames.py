@@ -19,7 +19,7 @@ import itertools
 import json
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,21 +74,31 @@ def decode_jpeg(frames: Sequence[bytes | None], *, device: Any = None) -> Any:
     target = torch.device(device) if device is not None else torch.device("cpu")
     if len(frames) == 0:
         return torch.empty((0,), dtype=torch.uint8, device=target)
-    for row, data in enumerate(frames):
-        if data is None:
-            raise EpiserveError(f"row {row} came without a frame")
     if target.type == "cuda":
+        for row, data in enumerate(frames):
+            if data is None:
+                raise EpiserveError(f"row {row} came without a frame")
         return _decoded_on_gpu(torch, frames, target)  # type: ignore[arg-type]
-    simplejpeg = _simplejpeg()
-    height, width, _, _ = simplejpeg.decode_jpeg_header(frames[0])
+    if frames[0] is None:
+        raise EpiserveError("row 0 came without a frame")
+    height, width, _, _ = _simplejpeg().decode_jpeg_header(frames[0])
     decoded = np.empty((len(frames), height, width, 3), dtype=np.uint8)
-    for row, data in enumerate(frames):
-        image = simplejpeg.decode_jpeg(
-            np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False, buffer=decoded[row]
-        )
-        if image.shape != decoded.shape[1:]:
-            raise EpiserveError(f"row {row} is a {image.shape} frame, not {decoded.shape[1:]} as row 0")
+    _decode_into(decoded, frames, "")
     return torch.from_numpy(channels_first(decoded)).to(target)
+
+
+def _decode_into(out: np.ndarray, images: Iterable[Any], what: str) -> None:
+    """Decode each JPEG of `images` (bytes-like, None for a missing frame) into `out[row]`, as the server decodes
+    them (libjpeg-turbo's accurate DCT and upsampling); `what` starts each error's words."""
+    simplejpeg = _simplejpeg()
+    for row, data in enumerate(images):
+        if data is None:
+            raise EpiserveError(f"{what}row {row} came without a frame")
+        image = simplejpeg.decode_jpeg(
+            np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False, buffer=out[row]
+        )
+        if image.shape != out.shape[1:]:
+            raise EpiserveError(f"{what}row {row} is a {image.shape} frame, not {out.shape[1:]}")
 
 
 def _decoded_on_gpu(torch: Any, frames: Sequence[bytes], device: Any) -> Any:
@@ -135,20 +145,8 @@ def decode_frames(name: str, encoding: str, shape: tuple[int, ...], column: pa.C
     """Camera `name`'s encoded frames (a binary column) as a uint8 (H, W, C) tensor column of `shape`."""
     if encoding != "jpeg":
         raise EpiserveError(f"camera {name!r} came encoded as {encoding!r}; this client decodes jpeg only")
-    simplejpeg = _simplejpeg()
     frames = _BLOCKS.empty((len(column), *shape))
-    row = 0
-    for chunk in column.chunks:
-        for value in chunk:
-            data = value.as_buffer()
-            if data is None:
-                raise EpiserveError(f"camera {name!r}: row {row} came without a frame")
-            image = simplejpeg.decode_jpeg(
-                np.frombuffer(data, np.uint8), colorspace="RGB", fastdct=False, fastupsample=False, buffer=frames[row]
-            )
-            if image.shape != shape:
-                raise EpiserveError(f"camera {name!r}: row {row} is a {image.shape} frame, not {shape}")
-            row += 1
+    _decode_into(frames, (value.as_buffer() for chunk in column.chunks for value in chunk), f"camera {name!r}: ")
     kind = pa.fixed_shape_tensor(pa.uint8(), list(shape))
     values = pa.Array.from_buffers(pa.uint8(), frames.size, [None, pa.py_buffer(frames)])
     storage = pa.Array.from_buffers(kind.storage_type, len(frames), [None], children=[values])
