@@ -89,7 +89,21 @@ def test_stats_of_a_dataset_without_statistics_are_null(http: httpx.Client) -> N
 
 
 def test_health_and_readiness(http: httpx.Client) -> None:
-    assert http.get("/healthz").json() == {"status": "ok"}
+    alive = http.get("/healthz")
+    assert (alive.status_code, alive.headers["content-type"], alive.json()) == (
+        200,
+        "application/json",
+        {"status": "ok"},
+    )
+    assert http.get("/openapi.json").json()["paths"]["/healthz"]["get"]["responses"]["200"]["content"] == {
+        "application/json": {
+            "schema": {
+                "additionalProperties": {"type": "string"},
+                "type": "object",
+                "title": "Response Healthz Healthz Get",
+            }
+        }
+    }
     assert http.get("/readyz").json() == {"status": "ready", "datasets": 5}
     paths = http.get("/openapi.json").json()["paths"]
     assert "/datasets/{dataset_id}/rows" in paths
