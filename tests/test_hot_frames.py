@@ -245,3 +245,32 @@ def test_sigkill_during_a_hot_segment_build_leaves_nothing_that_is_served(tmp_pa
 def test_a_bad_hot_budget_is_a_clear_error(value: str) -> None:
     with pytest.raises(ValueError, match="video_hot_bytes"):
         Settings(video_hot_bytes=value)
+
+
+def test_a_video_file_fingerprinted_by_the_hot_layer_is_not_opened_again_for_the_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quick read's ETag fingerprints its video files through the tier's store, on the event loop: a file the hot
+    layer already fingerprinted comes from memory (a stat), not from another open of its container."""
+    import av
+
+    write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=4, seed=5, video_files=1)
+    settings = Settings(
+        roots=[tmp_path / "data"],
+        cache_dir=tmp_path / "cache",
+        video_frame_tier=f"jpeg:{QUALITY}",
+        video_hot_bytes=10**9,
+    )
+    dataset = Catalog(settings, [tmp_path / "data"]).get("long")
+    rel = next(iter(video_files_needed(dataset, None)))[0]
+    assert dataset.hot_frames is not None
+    opened: list[object] = []
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    seen_by_the_hot_layer = dataset.hot_frames.file_fingerprint(rel)
+    assert len(opened) == 1  # the hot layer's first look at the file
+    assert dataset.frames.file_fingerprint(rel) is seen_by_the_hot_layer
+    assert len(opened) == 1
+    (tmp_path / "data" / "long" / rel).touch()  # a change: both stores look again, once
+    assert dataset.frames.file_fingerprint(rel) is dataset.hot_frames.file_fingerprint(rel) != seen_by_the_hot_layer
+    assert len(opened) == 2

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from app.errors import DatasetError, TryLater
 from app.settings import Settings
-from app.sources import DatasetInfo, DatasetPath, Source, open_source, stamp, watched_paths
+from app.sources import DatasetInfo, DatasetPath, Source, SourceFingerprint, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
 from app.sources.files import ALL_THERE, FileSupply
 from app.sources.frame_tiers import hot_tier, parse_tier
@@ -98,12 +98,13 @@ class Dataset:
         memory = cold_read_memory(limits.cold_read_memory)
         self.segments = SegmentStore(cache_dir / "segments", lru, batch_bytes, verify, memory=memory)
         self.rows = RowFiles(path, self.segments, limits)
-        self.frames = FrameCache(cache_dir / FRAME_STORE, lru, shared.frame_budget, batch_bytes, verify)
+        video_files: dict[str, SourceFingerprint] = {}  # fingerprinted once for both frame stores
+        self.frames = FrameCache(cache_dir / FRAME_STORE, lru, shared.frame_budget, batch_bytes, verify, video_files)
         # The hot pixels over an encoded tier's segments (`app.sources.frame_tiers.HotPixels`), if configured.
         self.hot_frames = (
             None
             if shared.hot_budget is None
-            else FrameCache(cache_dir / HOT_FRAME_STORE, lru, shared.hot_budget, batch_bytes, verify)
+            else FrameCache(cache_dir / HOT_FRAME_STORE, lru, shared.hot_budget, batch_bytes, verify, video_files)
         )
         self.decoders = shared.decoders
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way

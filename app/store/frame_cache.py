@@ -3,7 +3,8 @@ within the video cache budget shared by every dataset (`app.store.frame_budget`)
 
 A request that finds a video cold is answered by decoding on demand, not after decoding the whole file: its
 segment is queued to build in the background, if the budget has room for it. The fingerprint of a video file is
-remembered while the file stays unchanged (one `stat` per request instead of a read of its header).
+remembered while the file stays unchanged (one `stat` per request instead of a read of its header), and shared by
+the dataset's frame stores (its tier's and the hot layer's), which fingerprint the same files.
 """
 
 from __future__ import annotations
@@ -25,10 +26,21 @@ from app.store.segments import SegmentStore
 class FrameCache(SegmentStore):
     """`<cache>/frames/`: the decoded-frame segments of a dataset's video files."""
 
-    def __init__(self, directory: Path, lru: SegmentLRU, budget: FrameBudget, batch_bytes: int, verify: bool) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        lru: SegmentLRU,
+        budget: FrameBudget,
+        batch_bytes: int,
+        verify: bool,
+        fingerprints: dict[str, SourceFingerprint] | None = None,
+    ) -> None:
+        """`fingerprints`: the video files' fingerprints remembered so far, shared with the dataset's other frame
+        store: a file one of them looked at is never opened again for the other (on the event loop, where a quick
+        read's ETag names the file)."""
         super().__init__(directory, lru, batch_bytes, verify, builder="frames")
         self.budget = budget
-        self._fingerprints: dict[str, SourceFingerprint] = {}
+        self._fingerprints = {} if fingerprints is None else fingerprints
 
     def file_fingerprint(self, rel: str) -> SourceFingerprint:
         """The fingerprint of video file `rel`, remembered while the file stays unchanged."""
