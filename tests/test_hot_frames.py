@@ -24,6 +24,7 @@ from app.reads.frames import video_files_needed
 from app.settings import Settings
 from app.sources.video import frame_schema, hot_camera
 from app.store.catalog import Catalog
+from app.store.dataset import Dataset
 from tests.support import ServerProcess, eventually, killed_mid_frame_build, read_stream
 from tests.test_frame_tiers import QUALITY, ROWS, exact, jpeg_round_trip, pixels
 
@@ -274,3 +275,41 @@ def test_a_video_file_fingerprinted_by_the_hot_layer_is_not_opened_again_for_the
     (tmp_path / "data" / "long" / rel).touch()  # a change: both stores look again, once
     assert dataset.frames.file_fingerprint(rel) is dataset.hot_frames.file_fingerprint(rel) != seen_by_the_hot_layer
     assert len(opened) == 2
+
+
+def test_a_hot_segment_is_made_from_the_built_jpeg_segment_without_the_video_and_equals_one_made_from_the_video(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the file's JPEG segment built, its hot segment decodes the stored JPEGs (no video opened, no encode);
+    without it, the hot segment comes from the video's frames through the round trip. Both hold the same pixels."""
+    import av
+
+    write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=6, seed=5, video_files=1)
+
+    def dataset(cache: str) -> Dataset:
+        settings = Settings(
+            roots=[tmp_path / "data"],
+            cache_dir=tmp_path / cache,
+            build_batch_bytes=64 * 1024,  # several hot batches per JPEG segment batch
+            video_frame_tier=f"jpeg:{QUALITY}",
+            video_hot_bytes=10**9,
+        )
+        return Catalog(settings, [tmp_path / "data"]).get("long")
+
+    from_jpeg, from_video = dataset("cache-a"), dataset("cache-b")
+    rel = next(iter(video_files_needed(from_jpeg, None)))[0]
+    assert next(iter(video_files_needed(from_video, None)))[0] == rel  # each index loaded
+    camera = from_jpeg.source().info.videos[TOP_CAMERA]
+    assert from_jpeg.hot_frames is not None and from_video.hot_frames is not None
+    assert from_jpeg.frames.build_now(rel, frame_schema(camera)) is not None
+    opened: list[object] = []
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    hot = from_jpeg.hot_frames.build_now(rel, frame_schema(hot_camera(camera)))
+    assert opened == []  # made from the JPEG segment
+    reference = from_video.hot_frames.build_now(rel, frame_schema(hot_camera(camera)))
+    assert opened  # no JPEG segment in this cache: made from the video
+    assert hot is not None and reference is not None
+    made = pa.Table.from_batches(hot.projected(None))
+    assert made.num_rows == reference.num_rows == sidecar_rows(tmp_path / "cache-a", "hot-frames", rel)
+    assert made.equals(pa.Table.from_batches(reference.projected(None)), check_metadata=True)

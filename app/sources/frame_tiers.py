@@ -17,7 +17,7 @@ the pictures a read gathers, and how a `frames=encoded` answer encodes. A tier k
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -205,6 +205,34 @@ class HotPixels:
 
     def __str__(self) -> str:
         return f"{self.name}:{self.of}"
+
+
+def hot_layer_of(schema: pa.Schema) -> tuple[HotPixels, Shape] | None:
+    """The hot layer whose segments have `schema`, and the frames' shape; None for a schema of another tier."""
+    field_ = schema.field(FRAME) if FRAME in schema.names else None
+    if field_ is None or not field_.metadata or ROUND_TRIP_KEY not in field_.metadata:
+        return None
+    tier = parse_tier(field_.metadata[ROUND_TRIP_KEY].decode())
+    if not isinstance(tier, JpegTier):
+        return None
+    return HotPixels(tier), tuple(orjson.loads(field_.metadata[SHAPE_KEY]))  # type: ignore[return-value]
+
+
+def hot_batches(
+    kept: Iterable[pa.RecordBatch], hot: HotPixels, schema: pa.Schema, shape: Shape, batch_bytes: int
+) -> Iterator[pa.RecordBatch]:
+    """The hot layer's batches (`schema`) of a video file, from the batches of its encoded tier's segment (`kept`):
+    each stored JPEG decoded, which is the round trip `HotPixels.batch` makes of the exact frames (the same encoder
+    on the same frames), with no video decode and no encode. About `batch_bytes` of pixels a batch."""
+    per_batch = max(1, batch_bytes // int(np.prod(shape)))
+    for batch in kept:
+        times = batch.column(PTS).to_numpy()
+        pictures = hot.of.pictures(batch.column(FRAME), shape)
+        for start in range(0, batch.num_rows, per_batch):
+            rows = np.arange(start, min(start + per_batch, batch.num_rows))
+            images = np.empty((len(rows), *shape), np.uint8)
+            pictures.copy_into(images, np.arange(len(rows)), rows)
+            yield RAW.batch(schema, times[rows].tolist(), images)
 
 
 def hot_tier(tier: FrameTier) -> HotPixels | None:

@@ -28,14 +28,14 @@ from typing import Any, TypeVar
 
 from app.errors import DatasetError, TryLater
 from app.settings import Settings
-from app.sources import DatasetInfo, DatasetPath, Source, SourceFingerprint, open_source, stamp, watched_paths
+from app.sources import DatasetInfo, DatasetPath, Source, open_source, stamp, watched_paths
 from app.sources.decoders import DecoderPool
 from app.sources.files import ALL_THERE, FileSupply
 from app.sources.frame_tiers import hot_tier, parse_tier
 from app.sources.source import VideoFeature
 from app.store.episode_index import EpisodeIndex, file_identity, load_or_build_index
 from app.store.frame_budget import FrameBudget
-from app.store.frame_cache import FrameCache
+from app.store.frame_cache import FrameCache, HotFrameCache
 from app.store.mapped_segments import Segment, SegmentLRU
 from app.store.read_memory import cold_read_memory
 from app.store.row_files import RowFiles
@@ -98,13 +98,12 @@ class Dataset:
         memory = cold_read_memory(limits.cold_read_memory)
         self.segments = SegmentStore(cache_dir / "segments", lru, batch_bytes, verify, memory=memory)
         self.rows = RowFiles(path, self.segments, limits)
-        video_files: dict[str, SourceFingerprint] = {}  # fingerprinted once for both frame stores
-        self.frames = FrameCache(cache_dir / FRAME_STORE, lru, shared.frame_budget, batch_bytes, verify, video_files)
+        self.frames = FrameCache(cache_dir / FRAME_STORE, lru, shared.frame_budget, batch_bytes, verify)
         # The hot pixels over an encoded tier's segments (`app.sources.frame_tiers.HotPixels`), if configured.
         self.hot_frames = (
             None
             if shared.hot_budget is None
-            else FrameCache(cache_dir / HOT_FRAME_STORE, lru, shared.hot_budget, batch_bytes, verify, video_files)
+            else HotFrameCache(cache_dir / HOT_FRAME_STORE, self.frames, shared.hot_budget)
         )
         self.decoders = shared.decoders
         self.cleaned = clean_temps(cache_dir)  # left by interrupted writes; never another process's write under way

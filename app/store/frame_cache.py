@@ -9,14 +9,14 @@ the dataset's frame stores (its tier's and the hot layer's), which fingerprint t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from app.sources import SourceFingerprint
-from app.sources.frame_tiers import estimated_frame_segment_bytes, projected_frame_disk
+from app.sources.frame_tiers import estimated_frame_segment_bytes, hot_batches, hot_layer_of, projected_frame_disk
 from app.sources.source import VideoFeature
 from app.store.frame_budget import FrameBudget
 from app.store.mapped_segments import Segment, SegmentLRU
@@ -36,8 +36,8 @@ class FrameCache(SegmentStore):
         fingerprints: dict[str, SourceFingerprint] | None = None,
     ) -> None:
         """`fingerprints`: the video files' fingerprints remembered so far, shared with the dataset's other frame
-        store: a file one of them looked at is never opened again for the other (on the event loop, where a quick
-        read's ETag names the file)."""
+        store (`HotFrameCache`): a file one of them looked at is never opened again for the other (on the event
+        loop, where a quick read's ETag names the file)."""
         super().__init__(directory, lru, batch_bytes, verify, builder="frames")
         self.budget = budget
         self._fingerprints = {} if fingerprints is None else fingerprints
@@ -100,3 +100,28 @@ class FrameCache(SegmentStore):
     def _used(self, segment: Segment) -> Segment:
         self.budget.touch(self.paths(segment.source.path).arrow)
         return segment
+
+
+class HotFrameCache(FrameCache):
+    """`<cache>/hot-frames/`: the hot pixels over an encoded tier (`app.sources.frame_tiers.HotPixels`). A file
+    whose tier segment is built is made hot from it, each stored JPEG decoded (the same pixels as the round trip of
+    the video's frames, at a fraction of the cost: no video decode, no encode); other files from the video."""
+
+    def __init__(self, directory: Path, tier_frames: FrameCache, budget: FrameBudget) -> None:
+        super().__init__(
+            directory,
+            tier_frames.lru,
+            budget,
+            tier_frames.batch_bytes,
+            tier_frames.verify_on_open,
+            tier_frames._fingerprints,
+        )
+        self.tier_frames = tier_frames
+
+    def _batches(self, source: SourceFingerprint, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        layer = hot_layer_of(schema)
+        kept = None if layer is None else self.tier_frames.open_if_built(source, layer[0].of.schema(layer[1]))
+        if layer is None or kept is None:
+            return super()._batches(source, schema)
+        hot, shape = layer
+        return hot_batches(kept.projected(None), hot, schema, shape, self.batch_bytes)

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -360,7 +360,7 @@ class SegmentStore:
         try:
             rows = 0
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                for batch in self._source_files().read_batches(rel, schema, self.batch_bytes, source.etag):
+                for batch in self._batches(source, schema):
                     writer.write_batch(batch)
                     rows += batch.num_rows
                     state.rows_done, state.bytes_done = rows, sink.tell()
@@ -383,6 +383,10 @@ class SegmentStore:
             tmp.unlink(missing_ok=True)
             raise
         return rows, nbytes, checksum
+
+    def _batches(self, source: SourceFingerprint, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+        """The record batches a segment of `source` in `schema` is written from: its file's, read in a stream."""
+        return self._source_files().read_batches(source.path, schema, self.batch_bytes, source.etag)
 
     def _build_memory(self, schema: pa.Schema) -> contextlib.AbstractContextManager[None]:
         """A build's estimated peak memory reserved on the budget (nothing without one)."""
