@@ -27,6 +27,7 @@ from app.store.catalog import Catalog
 from app.store.dataset import Dataset
 from tests.support import ServerProcess, eventually, killed_mid_frame_build, read_stream
 from tests.test_frame_tiers import QUALITY, ROWS, exact, jpeg_round_trip, pixels
+from tests.video_oracle import decode_video
 
 JPEG = {"EPISERVE_VIDEO_FRAME_TIER": f"jpeg:{QUALITY}"}
 ROOMY = JPEG | {"EPISERVE_VIDEO_HOT_BYTES": str(10**9)}
@@ -313,3 +314,45 @@ def test_a_hot_segment_is_made_from_the_built_jpeg_segment_without_the_video_and
     made = pa.Table.from_batches(hot.projected(None))
     assert made.num_rows == reference.num_rows == sidecar_rows(tmp_path / "cache-a", "hot-frames", rel)
     assert made.equals(pa.Table.from_batches(reference.projected(None)), check_metadata=True)
+    assert len(hot.projected(None)) == len(reference.projected(None))  # batches of the build's size either way
+
+
+@pytest.mark.parametrize("damage", ["a byte changed", "truncated"])
+def test_a_jpeg_segment_damaged_since_it_was_built_is_not_copied_into_the_hot_layer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """A hot segment is made from the JPEG segment only once the whole file matches its checksum: a damaged one
+    (even one this process has mapped, which it trusts) leaves the hot segment to the video, with the right
+    pixels."""
+    import av
+
+    write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=6, seed=5, video_files=1)
+    settings = Settings(
+        roots=[tmp_path / "data"],
+        cache_dir=tmp_path / "cache",
+        video_frame_tier=f"jpeg:{QUALITY}",
+        video_hot_bytes=10**9,
+    )
+    dataset = Catalog(settings, [tmp_path / "data"]).get("long")
+    rel = next(iter(video_files_needed(dataset, None)))[0]
+    camera = dataset.source().info.videos[TOP_CAMERA]
+    assert dataset.hot_frames is not None
+    kept = dataset.frames.build_now(rel, frame_schema(camera))
+    assert kept is not None
+    with open(kept.path, "r+b") as file:
+        if damage == "truncated":
+            file.truncate(kept.path.stat().st_size // 2)
+        else:
+            file.seek(kept.path.stat().st_size // 2)
+            byte = file.read(1)
+            file.seek(-1, 1)
+            file.write(bytes([byte[0] ^ 0x10]))
+    opened: list[object] = []
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    hot = dataset.hot_frames.build_now(rel, frame_schema(hot_camera(camera)))
+    assert hot is not None and opened  # made from the video
+    table = pa.Table.from_batches(hot.projected(None))
+    frames = np.asarray(table.column("frame").combine_chunks().values).reshape(len(table), *camera.shape)
+    _, every_frame = decode_video(tmp_path / "data" / "long" / rel)  # the oracle's own decode of the MP4
+    assert np.array_equal(frames, jpeg_round_trip(every_frame))

@@ -223,16 +223,24 @@ def hot_batches(
 ) -> Iterator[pa.RecordBatch]:
     """The hot layer's batches (`schema`) of a video file, from the batches of its encoded tier's segment (`kept`):
     each stored JPEG decoded, which is the round trip `HotPixels.batch` makes of the exact frames (the same encoder
-    on the same frames), with no video decode and no encode. About `batch_bytes` of pixels a batch."""
+    on the same frames), with no video decode and no encode. About `batch_bytes` of pixels a batch, whatever the
+    batches of `kept`."""
     per_batch = max(1, batch_bytes // int(np.prod(shape)))
+    images, times = np.empty((per_batch, *shape), np.uint8), []
     for batch in kept:
-        times = batch.column(PTS).to_numpy()
+        stamps = batch.column(PTS).to_pylist()
         pictures = hot.of.pictures(batch.column(FRAME), shape)
-        for start in range(0, batch.num_rows, per_batch):
-            rows = np.arange(start, min(start + per_batch, batch.num_rows))
-            images = np.empty((len(rows), *shape), np.uint8)
-            pictures.copy_into(images, np.arange(len(rows)), rows)
-            yield RAW.batch(schema, times[rows].tolist(), images)
+        start = 0
+        while start < batch.num_rows:
+            count = min(per_batch - len(times), batch.num_rows - start)
+            pictures.copy_into(images, np.arange(len(times), len(times) + count), np.arange(start, start + count))
+            times += stamps[start : start + count]
+            start += count
+            if len(times) == per_batch:
+                yield RAW.batch(schema, times, images)
+                images, times = np.empty((per_batch, *shape), np.uint8), []
+    if times:
+        yield RAW.batch(schema, times, images[: len(times)])
 
 
 def hot_tier(tier: FrameTier) -> HotPixels | None:

@@ -104,8 +104,9 @@ class FrameCache(SegmentStore):
 
 class HotFrameCache(FrameCache):
     """`<cache>/hot-frames/`: the hot pixels over an encoded tier (`app.sources.frame_tiers.HotPixels`). A file
-    whose tier segment is built is made hot from it, each stored JPEG decoded (the same pixels as the round trip of
-    the video's frames, at a fraction of the cost: no video decode, no encode); other files from the video."""
+    whose tier segment is built, and still matches its checksum, is made hot from it, each stored JPEG decoded (the
+    same pixels as the round trip of the video's frames, at a fraction of the cost: no video decode, no encode);
+    other files from the video."""
 
     def __init__(self, directory: Path, tier_frames: FrameCache, budget: FrameBudget) -> None:
         super().__init__(
@@ -120,8 +121,8 @@ class HotFrameCache(FrameCache):
 
     def _batches(self, source: SourceFingerprint, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         layer = hot_layer_of(schema)
-        kept = None if layer is None else self.tier_frames.open_if_built(source, layer[0].of.schema(layer[1]))
+        kept = None if layer is None else self.tier_frames.sound_batches(source, layer[0].of.schema(layer[1]))
         if layer is None or kept is None:
             return super()._batches(source, schema)
         hot, shape = layer
-        return hot_batches(kept.projected(None), hot, schema, shape, self.batch_bytes)
+        return hot_batches(kept, hot, schema, shape, self.batch_bytes)

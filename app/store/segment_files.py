@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 import pyarrow as pa
@@ -57,6 +57,17 @@ def file_checksum(path: Path) -> str:
             return "xxh3_64:" + xxhash.xxh3_64_hexdigest(mapped)
 
 
+def handle_checksum(handle: BinaryIO) -> str:
+    """`file_checksum` of the file open as `handle`, read with plain reads from its start: a file truncated
+    meanwhile gives a short read and another checksum, where a map would fault."""
+    digest = xxhash.xxh3_64()
+    handle.seek(0)
+    while chunk := handle.read(_CHECKSUM_READ_BYTES):
+        digest.update(chunk)
+    return "xxh3_64:" + digest.hexdigest()
+
+
+_CHECKSUM_READ_BYTES = 4 * 1024 * 1024
 TEMP_MAX_AGE_SECONDS = 300.0
 FRAME_STORE, HOT_FRAME_STORE = "frames", "hot-frames"  # decoded camera frames, and the hot pixels over encoded ones
 STORE_DIRS = ("segments", FRAME_STORE, HOT_FRAME_STORE)  # a dataset cache's segment stores

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 import pyarrow as pa
@@ -50,7 +51,7 @@ from app.store.segment_builds import (
     background_builds,
     unless_stopping,
 )
-from app.store.segment_files import SegmentPaths, expected_sidecar, file_checksum, read_sidecar
+from app.store.segment_files import SegmentPaths, expected_sidecar, file_checksum, handle_checksum, read_sidecar
 
 log = logging.getLogger("episerve.cache")
 
@@ -384,6 +385,29 @@ class SegmentStore:
             raise
         return rows, nbytes, checksum
 
+    def sound_batches(self, source: SourceFingerprint, schema: pa.Schema) -> Iterator[pa.RecordBatch] | None:
+        """The record batches of `source`'s built segment in `schema`, read from its file rather than a map, once
+        the whole file matched its sidecar's checksum; None when no such segment is on disk. For a long read in
+        the background (a segment made from another): a segment damaged since it was built is never copied, and a
+        file truncated meanwhile fails the read (`OSError` or `ArrowInvalid`) instead of killing the process."""
+        paths = self.paths(source.path)
+        sidecar = read_sidecar(paths, source, schema)
+        if sidecar is None or sidecar["rows"] != source.rows or "checksum" not in sidecar:
+            return None
+        try:
+            handle = open(paths.arrow, "rb")  # noqa: SIM115 - closed by the generator below, or right here
+        except OSError:
+            return None
+        try:
+            sound = handle_checksum(handle) == sidecar["checksum"]
+        except OSError:
+            sound = False
+        if not sound:
+            handle.close()
+            log.warning("segment %s fails its checksum; not read", paths.arrow.name)
+            return None
+        return _read_batches(handle)
+
     def _batches(self, source: SourceFingerprint, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         """The record batches a segment of `source` in `schema` is written from: its file's, read in a stream."""
         return self._source_files().read_batches(source.path, schema, self.batch_bytes, source.etag)
@@ -406,3 +430,12 @@ class SegmentStore:
     def _check_unchanged(self, source: SourceFingerprint) -> None:
         if not self._source_files().is_unchanged(source):
             raise SourceChanged(f"{source.path} changed")
+
+
+def _read_batches(handle: BinaryIO) -> Iterator[pa.RecordBatch]:
+    """The record batches of the Arrow IPC file open as `handle`, one read at a time; the handle closed at the end."""
+    with handle:
+        handle.seek(0)
+        reader = pa.ipc.open_file(pa.PythonFile(handle, mode="r"))
+        for number in range(reader.num_record_batches):
+            yield reader.get_batch(number)
