@@ -356,3 +356,21 @@ def test_a_jpeg_segment_damaged_since_it_was_built_is_not_copied_into_the_hot_la
     frames = np.asarray(table.column("frame").combine_chunks().values).reshape(len(table), *camera.shape)
     _, every_frame = decode_video(tmp_path / "data" / "long" / rel)  # the oracle's own decode of the MP4
     assert np.array_equal(frames, jpeg_round_trip(every_frame))
+
+
+def test_a_first_touch_builds_the_jpeg_segment_before_the_hot_one_which_is_then_made_from_it(
+    video_root: Path, tmp_path: Path
+) -> None:
+    """One build at a time, in the order queued: a first read of a cold file queues its JPEG segment first, so its
+    hot segment is made from the JPEG segment (a decode of stored JPEGs) rather than from the video."""
+    cache = tmp_path / "cache"
+    body = {"episodes": [5], "indices": [0, 9, 3], "columns": [*ROWS, TOP_CAMERA]}
+    with ServerProcess([video_root], cache, env=ROOMY) as server, server.client() as http:
+        cold = take(http, "cams-v21", body)  # decoded on demand; both builds queued
+        eventually(lambda: len(published(cache, "hot-frames")) == len(published(cache, "frames")) == 1, 60)
+        hot = take(http, "cams-v21", body)
+    sidecars = {store: next(cache.rglob(f"{store}/*.json")) for store in ("frames", "hot-frames")}
+    built = {store: orjson.loads(path.read_bytes()) for store, path in sidecars.items()}
+    assert built["frames"]["source"] == built["hot-frames"]["source"]
+    assert sidecars["frames"].stat().st_mtime_ns <= sidecars["hot-frames"].stat().st_mtime_ns
+    assert np.array_equal(pixels(hot, TOP_CAMERA), pixels(cold, TOP_CAMERA))

@@ -226,7 +226,14 @@ class ViewRead:
         segment = self._hot_segments.get(path)
         if segment is not None or not self.may_block or feature.key in self.options.resized:
             return segment
-        return hot_frames.segment(path, frame_schema(hot_camera(feature)), build=policy == "first-touch")
+        schema = frame_schema(hot_camera(feature))
+        if policy != "first-touch":
+            return hot_frames.segment(path, schema, build=False)
+        segment = hot_frames.segment(path, schema, build=False)
+        if segment is None:  # the tier's build queued first (one build at a time): the hot one is then made from it
+            self.frame_segment(path, feature)
+            segment = hot_frames.segment(path, schema, build=True)
+        return segment
 
     def _row_sources(self, files: np.ndarray, stored: np.ndarray) -> dict[int, RowSource]:
         numbers = distinct(files)
