@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -249,26 +250,34 @@ def test_a_bad_hot_budget_is_a_clear_error(value: str) -> None:
         Settings(video_hot_bytes=value)
 
 
+def _long_dataset(data: Path, cache: Path, episodes: int, **settings: Any) -> tuple[Dataset, str]:
+    """The JPEG-tier dataset `long` (one video file) with a hot layer, opened in this process, and its video file."""
+    if not (data / "long").exists():
+        write_demo_dataset(data / "long", format="v3.0", episodes=episodes, seed=5, video_files=1)
+    tier = {"video_frame_tier": f"jpeg:{QUALITY}", "video_hot_bytes": 10**9}
+    dataset = Catalog(Settings(roots=[data], cache_dir=cache, **tier, **settings), [data]).get("long")
+    assert dataset.hot_frames is not None
+    return dataset, next(iter(video_files_needed(dataset, None)))[0]  # the index loaded
+
+
+def _video_opens(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every open of a video container from now on (PyAV's `av.open`, counted, then called)."""
+    import av
+
+    opened: list[object] = []
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    return opened
+
+
 def test_a_video_file_fingerprinted_by_the_hot_layer_is_not_opened_again_for_the_tier(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A quick read's ETag fingerprints its video files through the tier's store, on the event loop: a file the hot
     layer already fingerprinted comes from memory (a stat), not from another open of its container."""
-    import av
-
-    write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=4, seed=5, video_files=1)
-    settings = Settings(
-        roots=[tmp_path / "data"],
-        cache_dir=tmp_path / "cache",
-        video_frame_tier=f"jpeg:{QUALITY}",
-        video_hot_bytes=10**9,
-    )
-    dataset = Catalog(settings, [tmp_path / "data"]).get("long")
-    rel = next(iter(video_files_needed(dataset, None)))[0]
+    dataset, rel = _long_dataset(tmp_path / "data", tmp_path / "cache", episodes=4)
     assert dataset.hot_frames is not None
-    opened: list[object] = []
-    real_open = av.open
-    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    opened = _video_opens(monkeypatch)
     seen_by_the_hot_layer = dataset.hot_frames.file_fingerprint(rel)
     assert len(opened) == 1  # the hot layer's first look at the file
     assert dataset.frames.file_fingerprint(rel) is seen_by_the_hot_layer
@@ -283,29 +292,14 @@ def test_a_hot_segment_is_made_from_the_built_jpeg_segment_without_the_video_and
 ) -> None:
     """With the file's JPEG segment built, its hot segment decodes the stored JPEGs (no video opened, no encode);
     without it, the hot segment comes from the video's frames through the round trip. Both hold the same pixels."""
-    import av
-
-    write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=6, seed=5, video_files=1)
-
-    def dataset(cache: str) -> Dataset:
-        settings = Settings(
-            roots=[tmp_path / "data"],
-            cache_dir=tmp_path / cache,
-            build_batch_bytes=64 * 1024,  # several hot batches per JPEG segment batch
-            video_frame_tier=f"jpeg:{QUALITY}",
-            video_hot_bytes=10**9,
-        )
-        return Catalog(settings, [tmp_path / "data"]).get("long")
-
-    from_jpeg, from_video = dataset("cache-a"), dataset("cache-b")
-    rel = next(iter(video_files_needed(from_jpeg, None)))[0]
-    assert next(iter(video_files_needed(from_video, None)))[0] == rel  # each index loaded
+    small = {"build_batch_bytes": 64 * 1024}  # several hot batches per JPEG segment batch
+    from_jpeg, rel = _long_dataset(tmp_path / "data", tmp_path / "cache-a", episodes=6, **small)
+    from_video, same = _long_dataset(tmp_path / "data", tmp_path / "cache-b", episodes=6, **small)
+    assert same == rel
     camera = from_jpeg.source().info.videos[TOP_CAMERA]
     assert from_jpeg.hot_frames is not None and from_video.hot_frames is not None
     assert from_jpeg.frames.build_now(rel, frame_schema(camera)) is not None
-    opened: list[object] = []
-    real_open = av.open
-    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    opened = _video_opens(monkeypatch)
     hot = from_jpeg.hot_frames.build_now(rel, frame_schema(hot_camera(camera)))
     assert opened == []  # made from the JPEG segment
     reference = from_video.hot_frames.build_now(rel, frame_schema(hot_camera(camera)))
@@ -324,17 +318,7 @@ def test_a_jpeg_segment_damaged_since_it_was_built_is_not_copied_into_the_hot_la
     """A hot segment is made from the JPEG segment only once the whole file matches its checksum: a damaged one
     (even one this process has mapped, which it trusts) leaves the hot segment to the video, with the right
     pixels."""
-    import av
-
-    write_demo_dataset(tmp_path / "data" / "long", format="v3.0", episodes=6, seed=5, video_files=1)
-    settings = Settings(
-        roots=[tmp_path / "data"],
-        cache_dir=tmp_path / "cache",
-        video_frame_tier=f"jpeg:{QUALITY}",
-        video_hot_bytes=10**9,
-    )
-    dataset = Catalog(settings, [tmp_path / "data"]).get("long")
-    rel = next(iter(video_files_needed(dataset, None)))[0]
+    dataset, rel = _long_dataset(tmp_path / "data", tmp_path / "cache", episodes=6)
     camera = dataset.source().info.videos[TOP_CAMERA]
     assert dataset.hot_frames is not None
     kept = dataset.frames.build_now(rel, frame_schema(camera))
@@ -347,9 +331,7 @@ def test_a_jpeg_segment_damaged_since_it_was_built_is_not_copied_into_the_hot_la
             byte = file.read(1)
             file.seek(-1, 1)
             file.write(bytes([byte[0] ^ 0x10]))
-    opened: list[object] = []
-    real_open = av.open
-    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
+    opened = _video_opens(monkeypatch)
     hot = dataset.hot_frames.build_now(rel, frame_schema(hot_camera(camera)))
     assert hot is not None and opened  # made from the video
     table = pa.Table.from_batches(hot.projected(None))

@@ -227,11 +227,9 @@ class ViewRead:
         if segment is not None or not self.may_block or feature.key in self.options.resized:
             return segment
         schema = frame_schema(hot_camera(feature))
-        if policy != "first-touch":
-            return hot_frames.segment(path, schema, build=False)
         segment = hot_frames.segment(path, schema, build=False)
-        if segment is None:  # the tier's build queued first (one build at a time): the hot one is then made from it
-            self.frame_segment(path, feature)
+        if segment is None and policy == "first-touch":
+            self.frame_segment(path, feature)  # queued first (one build at a time): the hot one is made from it
             segment = hot_frames.segment(path, schema, build=True)
         return segment
 

@@ -26,21 +26,10 @@ from app.store.segments import SegmentStore
 class FrameCache(SegmentStore):
     """`<cache>/frames/`: the decoded-frame segments of a dataset's video files."""
 
-    def __init__(
-        self,
-        directory: Path,
-        lru: SegmentLRU,
-        budget: FrameBudget,
-        batch_bytes: int,
-        verify: bool,
-        fingerprints: dict[str, SourceFingerprint] | None = None,
-    ) -> None:
-        """`fingerprints`: the video files' fingerprints remembered so far, shared with the dataset's other frame
-        store (`HotFrameCache`): a file one of them looked at is never opened again for the other (on the event
-        loop, where a quick read's ETag names the file)."""
+    def __init__(self, directory: Path, lru: SegmentLRU, budget: FrameBudget, batch_bytes: int, verify: bool) -> None:
         super().__init__(directory, lru, batch_bytes, verify, builder="frames")
         self.budget = budget
-        self._fingerprints = {} if fingerprints is None else fingerprints
+        self._fingerprints: dict[str, SourceFingerprint] = {}
 
     def file_fingerprint(self, rel: str) -> SourceFingerprint:
         """The fingerprint of video file `rel`, remembered while the file stays unchanged."""
@@ -109,15 +98,11 @@ class HotFrameCache(FrameCache):
     other files from the video."""
 
     def __init__(self, directory: Path, tier_frames: FrameCache, budget: FrameBudget) -> None:
-        super().__init__(
-            directory,
-            tier_frames.lru,
-            budget,
-            tier_frames.batch_bytes,
-            tier_frames.verify_on_open,
-            tier_frames._fingerprints,
-        )
+        super().__init__(directory, tier_frames.lru, budget, tier_frames.batch_bytes, tier_frames.verify_on_open)
         self.tier_frames = tier_frames
+        # The same files as the tier's: one look at each serves both (a quick read's ETag on the event loop
+        # never opens a file the other store has fingerprinted).
+        self._fingerprints = tier_frames._fingerprints
 
     def _batches(self, source: SourceFingerprint, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         layer = hot_layer_of(schema)

@@ -5,8 +5,6 @@ removal of temporary files that interrupted writes left behind.
 
 from __future__ import annotations
 
-import mmap
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +47,9 @@ def read_sidecar(paths: SegmentPaths, source: SourceFingerprint, schema: pa.Sche
 
 
 def file_checksum(path: Path) -> str:
-    """Checksum of a whole file, read through a memory map (`xxh3_64:<hex>`)."""
+    """Checksum of a whole file (`xxh3_64:<hex>`)."""
     with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
-            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(b"")
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return "xxh3_64:" + xxhash.xxh3_64_hexdigest(mapped)
+        return handle_checksum(handle)
 
 
 def handle_checksum(handle: BinaryIO) -> str:
