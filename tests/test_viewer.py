@@ -504,7 +504,9 @@ def test_previous_and_next_episode_links_open_the_neighbouring_episodes(
 def test_play_advances_the_cursor_at_the_datasets_fps_and_pause_stops_it(
     page: Any, viewer_server: ServerProcess
 ) -> None:
-    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=2")
+    # Episode 6 runs 142 frames (4.7 s at 30 fps): playback is still under way, 4 s after frame 15, when the pause
+    # is clicked, however slow the machine (a shorter episode could end first, and the click would play it again).
+    open_viewer(page, viewer_server, "#dataset=cams-v3&episode=6")
     page.locator("#play").click()
     page.wait_for_function("window.episerveViewer.view.cursor >= 15", timeout=10_000)
     page.locator("#play").click()
